@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -14,15 +15,21 @@ namespace {
 
 std::mutex g_mutex;          // guards g_in_cell against the watcher thread
 bool g_in_cell = false;      // true while an interrupt_window is open
+std::atomic<bool> g_interrupt_requested{false};  // set by the watcher, consumed on the main thread
 pthread_t g_main_thread;     // the thread that runs cells (and initialised Python)
 sigset_t g_startup_mask;     // restored in forked children
 
 // A real-time signal nobody else in the process uses; only ever sent to the main thread.
 int wake_signal() { return SIGRTMIN + 2; }
 
-// Its handler does nothing: being installed without SA_RESTART is what makes a blocked system
-// call on the main thread return EINTR, after which Python checks its (tripped) signal flags.
-void on_wake(int) {}
+// Runs on the main thread. Tripping Python's flag from here rather than from the watcher matters:
+// CPython 3.11 only arms the eval loop's check when the flag is set from the main thread, so a
+// pure-Python busy loop would never see a flag set elsewhere. Installed without SA_RESTART, the
+// signal also makes a blocked system call return EINTR, after which Python checks the flag.
+// A wake-up delivered late (at the next window's start) finds no request and does nothing.
+void on_wake(int) {
+  if (g_interrupt_requested.exchange(false)) PyErr_SetInterrupt();  // both async-signal-safe
+}
 
 sigset_t sigint_set() {
   sigset_t set;
@@ -47,7 +54,7 @@ void watch_interrupts() {
     if (sigwait(&set, &sig) != 0) continue;
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_in_cell) continue;  // idle: a SIGINT means nothing
-    PyErr_SetInterrupt();      // safe without the GIL
+    g_interrupt_requested = true;
     pthread_kill(g_main_thread, wake_signal());
   }
 }
@@ -84,8 +91,8 @@ interrupt_window::~interrupt_window() {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_in_cell = false;
   }
-  // From here on the watcher neither trips the flag nor sends a wake-up; a wake-up still pending
-  // stays blocked until the next window, where it is harmless.
+  // From here on the watcher sends no wake-up, and one still pending finds no request.
+  g_interrupt_requested = false;
   const sigset_t wake = wake_set();
   pthread_sigmask(SIG_BLOCK, &wake, nullptr);
 

@@ -6,12 +6,13 @@
 //   - block_interrupts() blocks SIGINT (and the wake-up signal below) in the main thread before any
 //     other thread or ZeroMQ context exists, so every thread inherits the mask;
 //   - start_interrupt_watcher() starts one thread that takes SIGINT with sigwait();
-//   - an interrupt_window spans a cell's execution on the main thread. SIGINT inside a window trips
-//     Python's interrupt flag (PyErr_SetInterrupt) and sends the main thread a wake-up signal so a
-//     blocking call (time.sleep, a lock, a socket) returns with EINTR and Python raises
-//     KeyboardInterrupt at once. The wake-up signal is unblocked on the main thread only inside a
-//     window, and an interrupt that lands after the cell ended is discarded when the window closes:
-//     KeyboardInterrupt never escapes into the kernel's own Python calls.
+//   - an interrupt_window spans a cell's execution on the main thread. SIGINT inside a window
+//     sends the main thread a wake-up signal whose handler trips Python's interrupt flag
+//     (PyErr_SetInterrupt) and, by interrupting a blocking call (time.sleep, a lock, a socket)
+//     with EINTR, makes Python raise KeyboardInterrupt at once. The wake-up signal is unblocked on
+//     the main thread only inside a window, and an interrupt that lands after the cell ended is
+//     discarded when the window closes: KeyboardInterrupt never escapes into the kernel's own
+//     Python calls.
 // Processes forked from the kernel get the mask the kernel started with back.
 #pragma once
 
