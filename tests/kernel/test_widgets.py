@@ -1,0 +1,68 @@
+"""Widgets through xeus's comms: an ipywidgets slider and an anywidget widget each open a comm
+and display a view of it; state sent by the frontend reaches the kernel-side model."""
+from conftest import collect, execute, stdout
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def opened_and_displayed(messages, model_name):
+    """Returns (comm_open message, display_data content) of the widget model `model_name`."""
+    opens = [m for m in messages if m["msg_type"] == "comm_open"
+             and m["content"]["data"]["state"].get("_model_name") == model_name]
+    assert len(opens) == 1, [m["msg_type"] for m in messages]
+    message = opens[0]
+    opened = message["content"]
+    assert opened["target_name"] == "jupyter.widget"
+    views = [m["content"] for m in messages if m["msg_type"] == "display_data"
+             and WIDGET_VIEW in m["content"]["data"]]
+    assert len(views) == 1
+    view = views[0]["data"][WIDGET_VIEW]
+    assert (view["version_major"], view["model_id"]) == (2, opened["comm_id"])
+    assert message["metadata"]["version"].startswith("2.")  # widget protocol version
+    return opened, views[0]
+
+
+def test_ipywidgets_slider_opens_comm_and_displays(kernel):
+    km, kc = kernel
+    reply, messages = execute(
+        kc, "import ipywidgets as widgets\nslider = widgets.IntSlider(value=3, max=10)\n"
+            "display(slider)")
+    assert reply["status"] == "ok", reply
+    opened, _ = opened_and_displayed(messages, "IntSliderModel")
+    assert opened["data"]["state"]["value"] == 3
+
+    # The frontend moves the slider: the kernel-side model follows.
+    update = kc.session.msg("comm_msg", {"comm_id": opened["comm_id"], "data": {
+        "method": "update", "state": {"value": 7}, "buffer_paths": []}})
+    kc.shell_channel.send(update)
+    collect(kc, update["header"]["msg_id"])
+    reply, messages = execute(kc, "print(slider.value)")
+    assert stdout(messages) == "7\n"
+
+
+def test_anywidget_opens_comm_and_displays(kernel):
+    km, kc = kernel
+    code = (
+        "import anywidget, traitlets\n"
+        "class Counter(anywidget.AnyWidget):\n"
+        "    _esm = 'export default { render({ model, el }) { el.textContent = model.get(\"count\"); } }'\n"
+        "    count = traitlets.Int(5).tag(sync=True)\n"
+        "counter = Counter()\n"
+        "display(counter)"
+    )
+    reply, messages = execute(kc, code)
+    assert reply["status"] == "ok", reply
+    opened, _ = opened_and_displayed(messages, "AnyModel")
+    state = opened["data"]["state"]
+    assert state["_model_module"] == "anywidget" and state["_view_name"] == "AnyView"
+    assert "export default" in state["_esm"] and state["count"] == 5
+
+
+def test_comm_on_unregistered_target_does_not_kill_the_kernel(kernel):
+    km, kc = kernel
+    reply, messages = execute(
+        kc, "from comm import create_comm\nc = create_comm(target_name='nobody.listens', data={'a': 1})")
+    assert reply["status"] == "ok", reply
+    assert any(m["msg_type"] == "comm_open" and m["content"]["target_name"] == "nobody.listens"
+               for m in messages)
+    assert km.is_alive()
