@@ -46,9 +46,14 @@ const Successor* TraceGraph::find_successor(NodeId id, const LocationKey& key) c
 EdgeId TraceGraph::add_edge(NodeId from, NodeId to) {
   EdgeId e = static_cast<EdgeId>(edges_.size());
   edges_.push_back({from, to, 0});
-  nodes_[from].successors.push_back({nodes_[to].key, to, e});
+  std::vector<Successor>& succ = nodes_[from].successors;
+  succ.push_back({nodes_[to].key, to, e});
   nodes_[to].predecessors.push_back(e);
-  edge_index_.emplace(edge_slot(from, to), e);
+  // Only nodes past the scan limit are looked up through edge_index_; index them from then on.
+  if (succ.size() == kScanLimit + 1)
+    for (const Successor& s : succ) edge_index_.emplace(edge_slot(from, s.node), s.edge);
+  else if (succ.size() > kScanLimit + 1)
+    edge_index_.emplace(edge_slot(from, to), e);
   return e;
 }
 

@@ -133,7 +133,7 @@ class TraceGraph {
   std::vector<Node> nodes_;
   std::vector<ControlEdge> edges_;
   std::unordered_map<LocationKey, NodeId, LocationKeyHash> index_;
-  std::unordered_map<uint64_t, EdgeId> edge_index_;  // (from, to) -> edge, for nodes of large fan-out
+  std::unordered_map<uint64_t, EdgeId> edge_index_;  // (from, to) -> edge, only for nodes of large fan-out
   std::unordered_set<uint64_t> paths_;                // hashes of the node sequences recorded
   std::array<uint64_t, kTraceEndKinds> ends_{};
 
