@@ -164,3 +164,26 @@ def test_execution_count_matches_in_and_out(kernel):
     count = reply["execution_count"]
     reply, messages = execute(kc, f"print(Out[{count}], In[{count}])")
     assert stdout(messages) == "42 40 + 2\n"
+
+
+def test_debugger_initializes_and_attaches(kernel):
+    km, kc = kernel
+
+    def debug(command, arguments):
+        msg = kc.session.msg("debug_request", {"type": "request", "seq": 1, "command": command,
+                                               "arguments": arguments})
+        kc.control_channel.send(msg)
+        while True:
+            reply = kc.control_channel.get_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+
+    initialized = debug("initialize", {"clientID": "tests", "adapterID": "python",
+                                       "pathFormat": "path", "linesStartAt1": True,
+                                       "columnsStartAt1": True})
+    assert initialized["success"], initialized
+    assert debug("attach", {})["success"]
+    info = debug("debugInfo", {})
+    assert info["success"] and info["body"]["isStarted"]
+    reply, messages = execute(kc, "print('after attach')")
+    assert stdout(messages) == "after attach\n"
