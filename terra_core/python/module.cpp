@@ -1,9 +1,215 @@
-// The `terra._C` extension module: the engine's entry points for Python.
-#include <pybind11/pybind11.h>
+// The `terra._C` extension module: the engine's entry points for the `terra` Python package.
+// Only glue lives here: argument conversion and the Python side of the pseudo-ops (backward,
+// .grad); the engine is in terra_core/runtime.
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "python_runner.h"
+#include "python_stack.h"
 #include "terra/version.h"
+
+namespace py = pybind11;
+using terra::runtime::Graph;
+using terra::runtime::OpKind;
+using terra::runtime::PythonRunner;
+
+namespace {
+
+PythonRunner& R() { return PythonRunner::instance(); }
+
+Graph* graph_named(const std::string& name) {
+  auto& g = R().graphs()[name];
+  if (!g) {
+    g = std::make_unique<Graph>();
+    g->name = name;
+  }
+  return g.get();
+}
+
+c10::List<at::Tensor> tensor_list(const py::handle& seq) {
+  c10::List<at::Tensor> out;
+  for (const py::handle& h : seq) out.push_back(THPVariable_Unpack(h.ptr()));
+  return out;
+}
+
+c10::impl::GenericList optional_tensor_list(const py::handle& seq) {
+  c10::impl::GenericList out(c10::OptionalType::create(c10::TensorType::get()));
+  for (const py::handle& h : seq) {
+    if (h.is_none()) {
+      out.push_back(c10::IValue());
+    } else {
+      out.push_back(THPVariable_Unpack(h.ptr()));
+    }
+  }
+  return out;
+}
+
+py::object wrap(const c10::IValue& v) {
+  if (v.isTensor() && v.toTensor().defined()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
+  return py::none();
+}
+
+// torch.autograd's engine entry, intercepted: `original` is torch's own function.
+py::object backward(py::object original, py::tuple t_outputs, py::tuple grad_tensors,
+                    bool retain_graph, bool create_graph, py::object inputs, py::kwargs kwargs) {
+  bool plain = (inputs.is_none() || py::len(inputs) == 0) &&
+               kwargs.attr("get")("accumulate_grad", true).cast<bool>();
+  if (!plain) {
+    R().barrier("torch.autograd.grad and backward(inputs=...) run eagerly", "autograd.grad");
+    return original(t_outputs, grad_tensors, retain_graph, create_graph, inputs, **kwargs);
+  }
+  torch::jit::Stack stack{tensor_list(t_outputs), optional_tensor_list(grad_tensors),
+                          c10::IValue(retain_graph), c10::IValue(create_graph)};
+  py::object result = py::tuple();
+  R().on_pseudo(OpKind::Backward, "backward", &stack, [&](torch::jit::Stack* s) {
+    result = original(t_outputs, grad_tensors, retain_graph, create_graph, inputs, **kwargs);
+    s->clear();
+  });
+  return result;
+}
+
+py::object grad_get(py::object self) {
+  torch::jit::Stack stack{THPVariable_Unpack(self.ptr())};
+  R().on_pseudo(OpKind::GradRead, ".grad", &stack, [](torch::jit::Stack* s) {
+    at::Tensor t = s->at(0).toTensor();
+    s->clear();
+    const at::Tensor& g = t.grad();
+    s->emplace_back(g.defined() ? c10::IValue(g) : c10::IValue());
+  });
+  return wrap(stack.empty() ? c10::IValue() : stack[0]);
+}
+
+void grad_set(py::object self, py::object value, py::object setter) {
+  torch::jit::Stack stack{THPVariable_Unpack(self.ptr()),
+                          value.is_none() ? c10::IValue() : c10::IValue(THPVariable_Unpack(value.ptr()))};
+  R().on_pseudo(OpKind::GradWrite, ".grad =", &stack, [&](torch::jit::Stack* s) {
+    setter(self, value);
+    s->clear();
+  });
+}
+
+py::dict stats_of(const Graph& g) {
+  py::dict d;
+  d["name"] = g.name;
+  d["nodes"] = g.nodes.size();
+  size_t edges = 0;
+  for (const auto& n : g.nodes) edges += n.succ.size();
+  d["edges"] = edges;
+  d["iteration_starts"] = g.roots.size();
+  d["iterations_traced"] = g.iterations_traced;
+  d["iterations_coexecuted"] = g.iterations_coexecuted;
+  d["iterations_fallback"] = g.iterations_fallback;
+  d["iterations_eager"] = g.iterations_eager;
+  d["ops_traced"] = g.ops_traced;
+  d["ops_coexecuted"] = g.ops_coexecuted;
+  d["fetches"] = g.fetches;
+  d["fallbacks"] = g.fallbacks.size();
+  d["traced_seconds"] = g.traced_seconds;
+  d["coexec_seconds"] = g.coexec_seconds;
+  return d;
+}
+
+py::list frames_of(const std::vector<terra::runtime::SourceFrame>& frames) {
+  py::list out;
+  for (const auto& f : frames) out.append(py::make_tuple(f.file, f.line, f.function));
+  return out;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Terra engine (imperative-symbolic co-execution for PyTorch)";
   m.attr("__version__") = terra::version();
+  PythonRunner::install_dispatch_hook();
+
+  m.def("enter", [](const std::string& name, int depth) {
+    const void* root = terra::runtime::PythonStack::current_frame();
+    for (int i = 0; i < depth && root; ++i) root = terra::runtime::PythonStack::caller(root);
+    R().enter(graph_named(name), root);
+  }, py::arg("name"), py::arg("depth") = 0,
+        "Starts co-execution on this thread; the frame `depth` levels above the caller's is the "
+        "root whose loops mark iterations.");
+  m.def("exit", [] { R().exit(); }, "Ends co-execution: waits for the GraphRunner, makes every "
+        "placeholder a real tensor, raises a pending GraphRunner error.");
+  m.def("mark", [](uint64_t boundary) { R().mark(boundary); }, "An iteration boundary.");
+  m.def("active", [] { return R().active(); });
+  m.def("mode", [] { return std::string(R().mode_name()); });
+  m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
+  m.def("materialize", [](py::object t) { R().materialize(t.ptr()); },
+        "Makes a placeholder an ordinary tensor (waits for its value).");
+  m.def("pause", [] { R().pause(); });
+  m.def("resume", [] { R().resume(); });
+  m.def("barrier", [](const std::string& reason, const std::string& what) { R().barrier(reason, what); });
+  m.def("backward", &backward);
+  m.def("grad_get", &grad_get);
+  m.def("grad_set", &grad_set);
+  m.def("policy", [](py::kwargs kw) {
+    auto& p = R().policy();
+    for (auto item : kw) {
+      auto key = item.first.cast<std::string>();
+      if (key == "warmup") p.warmup = item.second.cast<int>();
+      else if (key == "max_divergences") p.max_divergences = item.second.cast<int>();
+      else if (key == "max_nodes") p.max_nodes = item.second.cast<size_t>();
+      else if (key == "enabled") p.enabled = item.second.cast<bool>();
+      else throw py::key_error("unknown Terra policy setting: " + key);
+    }
+    py::dict d;
+    d["warmup"] = p.warmup;
+    d["max_divergences"] = p.max_divergences;
+    d["max_nodes"] = p.max_nodes;
+    d["enabled"] = p.enabled;
+    return d;
+  });
+  m.def("graphs", [] {
+    py::list names;
+    for (auto& [name, g] : R().graphs()) names.append(name);
+    return names;
+  });
+  m.def("stats", [](const std::string& name) {
+    auto& graphs = R().graphs();
+    auto it = graphs.find(name);
+    if (it == graphs.end()) throw py::key_error("no Terra graph named " + name);
+    return stats_of(*it->second);
+  });
+  m.def("fallbacks", [](const std::string& name) {
+    py::list out;
+    auto& graphs = R().graphs();
+    auto it = graphs.find(name);
+    if (it == graphs.end()) return out;
+    for (const auto& f : it->second->fallbacks) {
+      py::dict d;
+      d["reason"] = f.reason;
+      d["op"] = f.op;
+      d["count"] = f.count;
+      d["source"] = frames_of(f.source);
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("nodes", [](const std::string& name) {
+    py::list out;
+    auto& graphs = R().graphs();
+    auto it = graphs.find(name);
+    if (it == graphs.end()) return out;
+    for (const auto& n : it->second->nodes) {
+      py::dict d;
+      d["label"] = n.tmpl.label();
+      d["mode"] = static_cast<int>(n.tmpl.mode);
+      d["count"] = n.count;
+      d["source"] = frames_of(n.tmpl.source);
+      py::list succ;
+      for (const auto& [to, count] : n.succ) succ.append(py::make_tuple(to, count));
+      d["succ"] = succ;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("reset", [](py::object name) {
+    TORCH_CHECK(!R().active(), "Terra: cannot reset graphs while co-execution is active");
+    if (name.is_none()) R().graphs().clear();
+    else R().graphs().erase(name.cast<std::string>());
+  }, py::arg("name") = py::none());
 }

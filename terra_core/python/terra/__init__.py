@@ -1,6 +1,160 @@
-"""Terra: imperative-symbolic co-execution of PyTorch programs."""
+"""Terra: imperative-symbolic co-execution of PyTorch programs.
+
+    import terra
+    result = terra.run(train)          # runs train() co-executed; its loops mark iterations
+    with terra.coexecute("eval"):      # or co-execute a block,
+        for batch in data:
+            with terra.iteration():    # marking iterations explicitly
+                ...
+    terra.stats(), terra.explain()
+
+The program runs for real in Python, every iteration; its PyTorch ops are recorded into a
+TraceGraph and, once the graph covers what the program does, executed by a GraphRunner thread
+while Python runs ahead. Whatever the graph has not seen runs eagerly. Results are those of eager
+PyTorch.
+"""
+import ast
+import builtins
+import contextlib
+import inspect
+import sys
+import textwrap
+import threading
+
 import torch  # noqa: F401  (loads LibTorch before the extension that links it)
 
-from . import _C
+from . import _C, _loops, _patches
 
 __version__ = _C.__version__
+__all__ = ["run", "coexecute", "iteration", "sync", "stats", "explain", "reset", "config"]
+
+_depth = threading.local()
+
+
+def _enter(name, depth=1):
+    if getattr(_depth, "n", 0) == 0:
+        _patches.install()
+    _depth.n = getattr(_depth, "n", 0) + 1
+    try:
+        _C.enter(name, depth)
+    except BaseException:
+        _leave_patches()
+        raise
+
+
+def _leave_patches():
+    _depth.n -= 1
+    if _depth.n == 0:
+        _patches.uninstall()
+
+
+def _exit():
+    try:
+        _C.exit()
+    finally:
+        _leave_patches()
+
+
+builtins.__terra_mark__ = _C.mark
+
+
+@contextlib.contextmanager
+def coexecute(name="default"):
+    """Co-executes the block; iterations are marked with `terra.iteration()` inside it."""
+    _enter(name, depth=2)  # the frame that holds the `with` statement is the root
+    try:
+        yield
+    finally:
+        _exit()
+
+
+@contextlib.contextmanager
+def iteration():
+    """Marks one iteration of a loop inside `coexecute`."""
+    caller = sys._getframe(2)
+    loop_id = _loops.stable_id(caller.f_code.co_qualname, caller.f_code.co_filename, caller.f_lineno)
+    _C.mark(loop_id)
+    try:
+        yield
+    finally:
+        _C.mark(loop_id ^ _loops.EXIT)
+
+
+_instrumented = {}
+
+
+def _instrument(fn):
+    """The function recompiled with iteration boundaries on its loops (None if not possible)."""
+    code = fn.__code__
+    if code in _instrumented:
+        return _instrumented[code]
+    result = None
+    if not code.co_freevars:
+        try:
+            source = textwrap.dedent(inspect.getsource(fn))
+            tree = ast.parse(source)
+            fdef = tree.body[0]
+            if isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) and fdef.name == fn.__name__:
+                fdef.decorator_list = []
+                if _loops.mark_loops(fdef.body, fn.__qualname__):
+                    ast.increment_lineno(tree, code.co_firstlineno - 1)
+                    namespace = {}
+                    exec(compile(tree, code.co_filename, "exec"), fn.__globals__, namespace)
+                    new = namespace[fn.__name__]
+                    new.__defaults__, new.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
+                    result = new
+        except (OSError, TypeError, SyntaxError, IndexError):
+            result = None
+    _instrumented[code] = result
+    return result
+
+
+def run(fn, *args, **kwargs):
+    """Runs `fn(*args, **kwargs)` with co-execution and returns its result.
+
+    Every loop in `fn`'s own body marks iterations; functions it calls are traced as part of the
+    iteration that calls them. Results, printed output and side effects are those of eager PyTorch.
+    """
+    target = _instrument(fn) or fn
+    name = getattr(fn, "__qualname__", repr(fn))
+    with coexecute(name):
+        return target(*args, **kwargs)
+
+
+def sync():
+    """Waits until every op issued so far has been executed."""
+    _C.sync()
+
+
+def stats(name=None):
+    """Counters of one graph (by name), or of all graphs summed when name is None."""
+    if name is not None:
+        return _C.stats(name)
+    total = {}
+    for graph in _C.graphs():
+        for key, value in _C.stats(graph).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def explain(name=None):
+    """Every fallback to eager execution: reason, op, count and the user's source line."""
+    names = [name] if name is not None else _C.graphs()
+    out = []
+    for graph in names:
+        for f in _C.fallbacks(graph):
+            user = next((fr for fr in f["source"] if "/torch/" not in fr[0] and "/terra/" not in fr[0]),
+                        f["source"][0] if f["source"] else None)
+            out.append(dict(f, graph=graph, where=user))
+    return out
+
+
+def reset(name=None):
+    """Drops recorded graphs (all, or one by name)."""
+    _C.reset(name)
+
+
+def config(**settings):
+    """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled."""
+    return _C.policy(**settings)

@@ -1,0 +1,56 @@
+"""Iteration boundaries from the program's own loops.
+
+Terra cuts the stream of ops into iterations so that each one is a short trace that repeats. The
+boundaries come from the source: every `for`/`while` loop of the co-executed function (or notebook
+cell) gets a call to `__terra_mark__(id)` at the top of its body and after it, where `id` is a
+stable number for that loop. Nested function and class definitions are left alone: their ops are
+part of the iteration of the loop that calls them.
+"""
+import ast
+import hashlib
+
+EXIT = 0x5A5A_0000_0000_0001
+MARK = "__terra_mark__"
+
+
+def stable_id(*parts):
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") | 2  # never 0 or 1 (the entry boundary)
+
+
+def _mark(loop_id):
+    return ast.Expr(ast.Call(ast.Name(MARK, ast.Load()), [ast.Constant(loop_id)], []))
+
+
+class LoopMarker(ast.NodeTransformer):
+    """Adds iteration boundaries to every loop; `scope` makes the ids unique per function/cell."""
+
+    def __init__(self, scope):
+        self.scope = scope
+        self.loops = 0
+
+    def _loop(self, node):
+        self.generic_visit(node)
+        loop_id = stable_id(self.scope, node.lineno, node.col_offset)
+        self.loops += 1
+        node.body.insert(0, ast.copy_location(_mark(loop_id), node))
+        after = ast.copy_location(_mark(loop_id ^ EXIT), node)
+        return [node, after]
+
+    visit_For = visit_While = visit_AsyncFor = _loop
+
+    def _opaque(self, node):
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _opaque
+
+
+def mark_loops(body, scope):
+    """Marks the loops of a list of statements in place; returns how many loops were marked."""
+    marker = LoopMarker(scope)
+    new_body = []
+    for stmt in body:
+        out = marker.visit(stmt)
+        new_body.extend(out if isinstance(out, list) else [out])
+    body[:] = [ast.fix_missing_locations(s) for s in new_body]
+    return marker.loops

@@ -1,0 +1,216 @@
+#include "graph_runner.h"
+
+#include "op_template.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+#include <optional>
+
+namespace terra::runtime {
+
+namespace {
+
+at::Tensor resolve(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  if (auto* p = as_placeholder(t)) return placeholder_value(*p);
+  return t;
+}
+
+// Replaces placeholders by the values the GraphRunner computed for them.
+c10::IValue resolve(const c10::IValue& v) {
+  if (v.isTensor()) return resolve(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve(t));
+    return out;
+  }
+  if (v.isList()) {  // e.g. Tensor?[] of index ops
+    auto in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    out.reserve(in.size());
+    for (const c10::IValue& e : in) out.push_back(resolve(e));
+    return out;
+  }
+  return v;
+}
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isTensor()) {
+    out.push_back(resolve(v.toTensor()));
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve(t));
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) out.push_back(e.isTensor() ? resolve(e.toTensor()) : at::Tensor());
+  }
+  return out;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+GraphRunner::GraphRunner(size_t capacity) : ring_(capacity) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+GraphRunner::~GraphRunner() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_cv_.notify_all();
+  }
+  thread_.join();
+}
+
+WorkItem& GraphRunner::next_item() {
+  if (issued_ - reclaimed_ >= ring_.size()) {
+    wait_for(issued_ + 1 - ring_.size());
+    reclaim();
+  }
+  return ring_[issued_ % ring_.size()];
+}
+
+uint64_t GraphRunner::issue() {
+  ++issued_;
+  published_.store(issued_);
+  if (sleeping_.load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_cv_.notify_one();
+  }
+  return issued_;
+}
+
+void GraphRunner::reclaim() {
+  uint64_t d = done();
+  for (; reclaimed_ < d; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
+}
+
+void GraphRunner::wait_for(uint64_t seq) {
+  if (done() >= seq) return;
+  for (int i = 0; i < 200 && done() < seq; ++i) std::this_thread::yield();
+  if (done() >= seq) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  waiters_.fetch_add(1);
+  done_cv_.wait(lock, [&] { return done() >= seq; });
+  waiters_.fetch_sub(1);
+}
+
+RunnerError GraphRunner::take_error() {
+  RunnerError e = std::move(error_);
+  error_ = RunnerError{};
+  failed_.store(false, std::memory_order_release);
+  return e;
+}
+
+void GraphRunner::loop() {
+  uint64_t next = 0;
+  while (!stop_.load()) {
+    if (published_.load() == next) {
+      for (int i = 0; i < 2000 && published_.load() == next && !stop_.load(); ++i)
+        std::this_thread::yield();
+      if (published_.load() == next) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_.store(true);
+        work_cv_.wait(lock, [&] { return published_.load() != next || stop_.load(); });
+        sleeping_.store(false);
+        continue;
+      }
+    }
+    WorkItem& item = ring_[next % ring_.size()];
+    // After a failure, later items are skipped: the program state stays as eager execution
+    // would have left it at the failing op, and the error is raised in the Python thread.
+    if (!failed_.load(std::memory_order_relaxed)) {
+      int64_t t0 = now_ns();
+      try {
+        execute(item);
+      } catch (const c10::IndexError& e) {
+        error_ = {"IndexError", e.what_without_backtrace(), item.node};
+      } catch (const c10::ValueError& e) {
+        error_ = {"ValueError", e.what_without_backtrace(), item.node};
+      } catch (const c10::TypeError& e) {
+        error_ = {"TypeError", e.what_without_backtrace(), item.node};
+      } catch (const c10::NotImplementedError& e) {
+        error_ = {"NotImplementedError", e.what_without_backtrace(), item.node};
+      } catch (const c10::Error& e) {
+        error_ = {"RuntimeError", e.what_without_backtrace(), item.node};
+      } catch (const std::exception& e) {
+        error_ = {"RuntimeError", e.what(), item.node};
+      }
+      if (!error_.type.empty()) failed_.store(true, std::memory_order_release);
+      busy_ns_.fetch_add(static_cast<uint64_t>(now_ns() - t0), std::memory_order_relaxed);
+    }
+    ++next;
+    done_.store(next, std::memory_order_release);
+    if (waiters_.load() > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_cv_.notify_all();
+    }
+  }
+}
+
+void GraphRunner::execute(WorkItem& item) {
+  at::AutoGradMode grad(item.grad_mode);
+  std::optional<c10::InferenceMode> inference;
+  if (item.inference_mode) inference.emplace();
+  switch (item.kind) {
+    case OpKind::Aten: {
+      torch::jit::Stack stack;
+      stack.reserve(item.args.size());
+      for (const c10::IValue& v : item.args) stack.push_back(resolve(v));
+      item.op->callBoxed(&stack);
+      size_t k = 0;
+      auto fill = [&](const at::Tensor& t) {
+        if (k < item.outs.size() && item.outs[k]) {
+          // The placeholder handed out carries the traced metadata: a value that disagrees (an
+          // op whose output shape depends on data, not declared as such) must not go unnoticed.
+          TORCH_CHECK(!item.expect || (*item.expect)[k].meta.matches(t),
+                      "Terra: the output of this op differs in shape/dtype from the traced one (",
+                      (*item.expect)[k].meta.str(), " traced, ", TensorMeta::of(t).str(), " now)");
+          item.outs[k]->value = t;
+        }
+        ++k;
+      };
+      for (const c10::IValue& r : stack) {
+        if (r.isTensor()) fill(r.toTensor());
+        else if (r.isTensorList())
+          for (const at::Tensor& t : r.toTensorList()) fill(t);
+      }
+      break;
+    }
+    case OpKind::Backward: {
+      auto roots = tensors_of(item.args.at(0));
+      auto grads = tensors_of(item.args.at(1));
+      bool retain = item.args.at(2).toBool();
+      bool create = item.args.at(3).toBool();
+      torch::autograd::backward(roots, grads, retain, create);
+      break;
+    }
+    case OpKind::GradRead: {
+      at::Tensor t = resolve(item.args.at(0).toTensor());
+      const at::Tensor& g = t.grad();
+      TORCH_CHECK(g.defined() == (item.outs.size() == 1 && item.outs[0] != nullptr),
+                  "Terra: .grad presence differs from the recorded trace");
+      if (g.defined()) item.outs[0]->value = g;
+      break;
+    }
+    case OpKind::GradWrite: {
+      at::Tensor t = resolve(item.args.at(0).toTensor());
+      const c10::IValue& v = item.args.at(1);
+      t.mutable_grad() = v.isNone() ? at::Tensor() : resolve(v.toTensor());
+      break;
+    }
+    case OpKind::Marker:
+      break;
+  }
+}
+
+}  // namespace terra::runtime

@@ -1,0 +1,111 @@
+// GraphRunner: the thread that executes the symbolic graph's ops while Python keeps running.
+//
+// The PythonRunner validates each op against the TraceGraph and issues a WorkItem; the
+// GraphRunner executes items strictly in issue order through the PyTorch dispatcher (autograd
+// included), so results, RNG consumption and in-place updates of parameters, gradients and
+// optimizer state are those of eager execution. It never takes the GIL and never calls Python.
+//
+// Items live in a fixed ring owned by the Python thread: the Python thread fills an item, the
+// GraphRunner executes it and advances `done`, and only the Python thread clears an item (when it
+// reuses it or drains), so references to user-visible tensors are dropped on the Python side.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "placeholder.h"
+
+namespace terra::runtime {
+
+struct OutSpec;  // op_template.h
+
+enum class OpKind : uint8_t {
+  Aten,       // an ATen operator called through the dispatcher
+  Backward,   // torch.autograd.backward(roots, grad_tensors, retain_graph, create_graph)
+  GradRead,   // reading `tensor.grad`
+  GradWrite,  // assigning `tensor.grad = value` (or None)
+  Marker,     // an iteration boundary (TraceGraph node only; never executed)
+};
+
+struct WorkItem {
+  OpKind kind = OpKind::Aten;
+  const c10::OperatorHandle* op = nullptr;
+  bool grad_mode = true;
+  bool inference_mode = false;
+  torch::jit::Stack args;                   // as the program passed them; placeholders resolved late
+  std::vector<std::shared_ptr<Slot>> outs;  // slots of the placeholders handed out, by return index
+  const std::vector<OutSpec>* expect = nullptr;  // traced metadata of those outputs
+  uint32_t node = 0;                        // TraceGraph node, for error reports
+  void clear() {
+    args.clear();
+    outs.clear();
+  }
+};
+
+// An op that failed in the GraphRunner, to be raised in the Python thread.
+struct RunnerError {
+  std::string type;     // Python exception type name (RuntimeError, IndexError, ValueError, ...)
+  std::string message;
+  uint32_t node = 0;
+};
+
+class GraphRunner {
+ public:
+  explicit GraphRunner(size_t capacity = 4096);
+  ~GraphRunner();
+  GraphRunner(const GraphRunner&) = delete;
+  GraphRunner& operator=(const GraphRunner&) = delete;
+
+  // Python thread: the next free item (waits, GIL released by the caller's policy, while the ring
+  // is full). Fill it, then call `issue()`, which returns its sequence number (1-based).
+  WorkItem& next_item();
+  uint64_t issue();
+
+  uint64_t issued() const { return issued_; }
+  uint64_t done() const { return done_.load(std::memory_order_acquire); }
+  // Blocks until every item up to `seq` has been executed (or skipped after an error).
+  void wait_for(uint64_t seq);
+  void drain() { wait_for(issued_); }
+  // Python thread: drop the references held by executed items.
+  void reclaim();
+
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Takes the pending error (Python thread, after a wait); the runner resumes normal work.
+  RunnerError take_error();
+
+  // Wall time the runner thread spent executing items, in nanoseconds.
+  uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop();
+  void execute(WorkItem& item);
+
+  std::vector<WorkItem> ring_;
+  uint64_t issued_ = 0;     // written by the Python thread only
+  uint64_t reclaimed_ = 0;  // Python thread only
+  std::atomic<uint64_t> published_{0};
+  std::atomic<uint64_t> done_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> busy_ns_{0};
+  RunnerError error_;
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::atomic<int> waiters_{0};
+  std::atomic<bool> sleeping_{false};
+  std::thread thread_;
+};
+
+}  // namespace terra::runtime

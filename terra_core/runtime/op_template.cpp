@@ -1,0 +1,272 @@
+#include "op_template.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+
+#include <sstream>
+
+namespace terra::runtime {
+
+namespace {
+
+using Kind = ArgSpec::Kind;
+
+// The kind of a Python number fed to an op; a change of kind (int -> float) changes type
+// promotion, so it is validated like a constant.
+uint8_t number_kind(const c10::IValue& v) {
+  if (v.isDouble()) return 1;
+  if (v.isInt()) return 2;
+  if (v.isBool()) return 3;
+  if (v.isComplexDouble()) return 4;
+  return 0;
+}
+
+bool is_number_type(const c10::TypePtr& type) {
+  c10::TypePtr t = type;
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  auto k = t->kind();
+  return k == c10::TypeKind::FloatType || k == c10::TypeKind::NumberType ||
+         k == c10::TypeKind::ComplexType;
+}
+
+bool is_optional_tensor_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toList())
+    if (!e.isTensor() && !e.isNone()) return false;
+  return true;
+}
+
+bool same_constant(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
+  if (a.isInt() && b.isInt()) return a.toInt() == b.toInt();
+  if (a.isBool() && b.isBool()) return a.toBool() == b.toBool();
+  if (a.isDouble() && b.isDouble()) return a.toDouble() == b.toDouble();
+  if (a.isIntList() && b.isIntList()) return a.toIntList() == b.toIntList();
+  if (a.isString() && b.isString()) return a.toStringRef() == b.toStringRef();
+  if (a.isDevice() && b.isDevice()) return a.toDevice() == b.toDevice();
+  if (a.isList() && b.isList()) {
+    auto la = a.toList(), lb = b.toList();
+    if (la.size() != lb.size()) return false;
+    for (size_t i = 0; i < la.size(); ++i)
+      if (!same_constant(la.get(i), lb.get(i))) return false;
+    return true;
+  }
+  if (a.isTuple() && b.isTuple()) {
+    const auto& ea = a.toTupleRef().elements();
+    const auto& eb = b.toTupleRef().elements();
+    if (ea.size() != eb.size()) return false;
+    for (size_t i = 0; i < ea.size(); ++i)
+      if (!same_constant(ea[i], eb[i])) return false;
+    return true;
+  }
+  if (a.isTensor() || b.isTensor()) return false;
+  return a.tagKind() == b.tagKind() && a == b;
+}
+
+bool tensor_matches(const TensorMeta& m, bool wrapped, const at::Tensor& t) {
+  if (!t.defined()) return false;
+  if (wrapped) return t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == m.dtype;
+  return !t.unsafeGetTensorImpl()->is_wrapped_number() && m.matches(t);
+}
+
+bool has_bool_index(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toList())
+    if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
+      return true;
+  return false;
+}
+
+}  // namespace
+
+uint64_t op_identity(OpKind kind, const c10::OperatorHandle* op) {
+  if (kind == OpKind::Aten) return reinterpret_cast<uint64_t>(&op->schema());
+  return 0x7e77a000ULL + static_cast<uint64_t>(kind);
+}
+
+OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                              const torch::jit::Stack& args) {
+  OpTemplate t;
+  t.kind = kind;
+  if (op) t.op = *op;
+  t.name = name;
+  t.grad_mode = at::GradMode::is_enabled();
+  t.inference_mode = c10::InferenceMode::is_enabled();
+  const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
+  bool any_tensor = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    ArgSpec a;
+    if (v.isTensor()) {
+      a.kind = Kind::Tensor;
+      a.metas.push_back(TensorMeta::of(v.toTensor()));
+      a.wrapped.push_back(v.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
+      any_tensor = any_tensor || !a.wrapped.back();
+    } else if (v.isTensorList() || (!v.isNone() && is_optional_tensor_list(v))) {
+      a.kind = Kind::TensorList;
+      for (const c10::IValue& e : v.toList()) {
+        a.present.push_back(e.isTensor());
+        a.metas.push_back(e.isTensor() ? TensorMeta::of(e.toTensor()) : TensorMeta{});
+        a.wrapped.push_back(e.isTensor() && e.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
+        any_tensor = any_tensor || e.isTensor();
+      }
+    } else if (!v.isNone() && number_kind(v) != 0 &&
+               (schema ? i < schema->arguments().size() &&
+                             is_number_type(schema->arguments()[i].type())
+                       : v.isDouble())) {
+      a.kind = Kind::Feed;
+      a.feed_tag = number_kind(v);
+    } else {
+      a.kind = Kind::Constant;
+      a.constant = v;
+    }
+    t.args.push_back(std::move(a));
+  }
+  if (schema) {
+    for (const auto& arg : schema->arguments())
+      if (arg.alias_info() && arg.alias_info()->isWrite()) t.mutates_input = true;
+    bool tensor_returns = true;
+    for (const auto& r : schema->returns()) {
+      auto k = r.type()->kind();
+      bool list_of_tensors = k == c10::TypeKind::ListType &&
+                             r.type()->castRaw<c10::ListType>()->getElementType()->kind() ==
+                                 c10::TypeKind::TensorType;
+      if (k != c10::TypeKind::TensorType && !list_of_tensors) tensor_returns = false;
+    }
+    bool index_by_mask = false;
+    for (const c10::IValue& v : args) index_by_mask = index_by_mask || has_bool_index(v);
+    if (!tensor_returns || op->hasTag(at::Tag::dynamic_output_shape) ||
+        op->hasTag(at::Tag::data_dependent_output) || op->hasTag(at::Tag::inplace_view) ||
+        index_by_mask) {
+      t.mode = ExecMode::Fetch;
+    } else if (!any_tensor && !op->hasTag(at::Tag::nondeterministic_seeded)) {
+      t.mode = ExecMode::PythonNow;
+    }
+  }
+  return t;
+}
+
+void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
+  outs.clear();
+  return_sizes.clear();
+  const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
+  auto alias_of = [&](size_t ret) -> int {
+    if (!schema || ret >= schema->returns().size()) return -1;
+    const auto* info = schema->returns()[ret].alias_info();
+    if (!info || !info->isWrite()) return -1;
+    for (size_t i = 0; i < schema->arguments().size(); ++i) {
+      const auto* ai = schema->arguments()[i].alias_info();
+      if (ai && ai->isWrite() && ai->beforeSets() == info->beforeSets()) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  auto is_view = [&](size_t ret) {
+    if (!schema || ret >= schema->returns().size()) return false;
+    const auto* info = schema->returns()[ret].alias_info();
+    return info && !info->isWrite();
+  };
+  for (size_t j = 0; j < returns.size(); ++j) {
+    const c10::IValue& r = returns[j];
+    auto add = [&](const at::Tensor& t, int alias) {
+      OutSpec o;
+      o.alias_arg = alias;
+      o.view = is_view(j);
+      o.none = !t.defined();
+      if (t.defined()) o.meta = TensorMeta::of(t);
+      outs.push_back(std::move(o));
+    };
+    if (r.isTensor()) {
+      return_sizes.push_back(-1);
+      add(r.toTensor(), alias_of(j));
+    } else if (r.isTensorList()) {
+      auto list = r.toTensorList();
+      return_sizes.push_back(static_cast<int>(list.size()));
+      for (const at::Tensor& t : list) add(t, -1);
+    } else if (r.isNone()) {
+      return_sizes.push_back(-2);
+      OutSpec o;
+      o.none = true;
+      outs.push_back(o);
+    } else {
+      mode = ExecMode::Fetch;  // a Python value: the program needs it now
+      return_sizes.push_back(-3);
+    }
+  }
+  // A view-like op that returned its own input (x.to(x.dtype), x.contiguous() of a contiguous x)
+  // hands back the same tensor during co-execution and issues nothing.
+  noop_alias = !mutates_input && !outs.empty();
+  for (const OutSpec& o : outs) noop_alias = noop_alias && o.alias_arg >= 0;
+}
+
+void OpTemplate::mark_same_as_input(size_t out, int arg) {
+  if (out < outs.size()) outs[out].alias_arg = arg;
+  noop_alias = !mutates_input && !outs.empty();
+  for (const OutSpec& o : outs) noop_alias = noop_alias && o.alias_arg >= 0;
+}
+
+bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const {
+  if (call.size() != args.size()) {
+    if (why) *why = "different number of arguments";
+    return false;
+  }
+  if (grad_mode != at::GradMode::is_enabled() ||
+      inference_mode != c10::InferenceMode::is_enabled()) {
+    if (why) *why = "grad mode / inference mode differs";
+    return false;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSpec& a = args[i];
+    const c10::IValue& v = call[i];
+    bool ok = true;
+    switch (a.kind) {
+      case Kind::Tensor:
+        ok = v.isTensor() && tensor_matches(a.metas[0], a.wrapped[0], v.toTensor());
+        if (!ok && why) {
+          *why = "argument " + std::to_string(i) + " is " +
+                 (v.isTensor() ? TensorMeta::of(v.toTensor()).str() : std::string("not a tensor")) +
+                 ", traced as " + a.metas[0].str();
+        }
+        break;
+      case Kind::TensorList: {
+        if (!v.isList() || v.toList().size() != a.metas.size()) {
+          ok = false;
+        } else {
+          auto list = v.toList();
+          for (size_t k = 0; ok && k < a.metas.size(); ++k) {
+            const c10::IValue& e = list.get(k);
+            ok = a.present[k] ? e.isTensor() && tensor_matches(a.metas[k], a.wrapped[k], e.toTensor())
+                              : e.isNone();
+          }
+        }
+        if (!ok && why) *why = "tensor list argument " + std::to_string(i) + " differs";
+        break;
+      }
+      case Kind::Feed:
+        ok = number_kind(v) == a.feed_tag;
+        if (!ok && why) *why = "argument " + std::to_string(i) + " changed number type";
+        break;
+      case Kind::Constant:
+        ok = same_constant(v, a.constant);
+        if (!ok && why) {
+          std::ostringstream os;
+          os << "argument " << i << " is " << v << ", traced as " << a.constant;
+          *why = os.str();
+        }
+        break;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string OpTemplate::label() const {
+  std::ostringstream os;
+  os << name;
+  for (const OutSpec& o : outs) {
+    if (o.none) continue;
+    os << " " << c10::IntArrayRef(o.meta.sizes);
+  }
+  return os.str();
+}
+
+}  // namespace terra::runtime

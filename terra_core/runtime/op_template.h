@@ -1,0 +1,78 @@
+// OpTemplate: what the trace recorded about one intercepted call, and how a later call is checked
+// against it.
+//
+// Arguments are classified once, from the operator schema, when the op is first traced:
+//   tensors and tensor lists  -> their metadata is validated (it decides the outputs' metadata);
+//   float/Scalar arguments and Python numbers wrapped as tensors -> feeds: their value may change
+//     every iteration without a re-trace (learning rates, loop-dependent constants);
+//   everything else (ints, int lists, bools, dtypes, devices, strings, None) -> structural
+//     constants that must be equal, since they can change the outputs' shapes.
+// Outputs record their metadata (placeholders are made from it) and whether they alias an input
+// (in-place and out= ops return the very tensor they were given).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph_runner.h"
+#include "placeholder.h"
+#include "python_stack.h"
+
+namespace terra::runtime {
+
+// How a validated call is executed during co-execution.
+enum class ExecMode : uint8_t {
+  Graph,      // issued to the GraphRunner; the program gets placeholders
+  PythonNow,  // no tensor inputs and no randomness (empty, zeros, arange...): run at once, real
+  Fetch,      // Python needs concrete values (item, nonzero, data-dependent shapes...): wait, run
+};
+
+struct ArgSpec {
+  enum class Kind : uint8_t { Tensor, TensorList, Feed, Constant } kind = Kind::Constant;
+  c10::IValue constant;            // Constant
+  uint8_t feed_tag = 0;            // Feed: the Python number's kind (int/float/complex/bool)
+  std::vector<TensorMeta> metas;   // Tensor (one) or TensorList (one per element); empty if None
+  std::vector<bool> present;       // TensorList of optional tensors: which entries are tensors
+  std::vector<bool> wrapped;       // per tensor: a Python number wrapped as a 0-d tensor (a feed)
+};
+
+struct OutSpec {
+  int alias_arg = -1;               // in-place/out= ops: index of the argument returned
+  bool view = false;                // shares storage with input 0 (view ops)
+  bool none = false;                // an undefined tensor / None
+  TensorMeta meta;
+};
+
+struct OpTemplate {
+  OpKind kind = OpKind::Aten;
+  std::optional<c10::OperatorHandle> op;
+  std::string name;                 // "aten::add.Tensor", "backward", ".grad", ".grad ="
+  ExecMode mode = ExecMode::Graph;
+  bool grad_mode = true;
+  bool inference_mode = false;
+  bool mutates_input = false;       // some argument is written (in-place / out=)
+  bool noop_alias = false;          // returns only its own arguments and writes nothing
+  std::vector<ArgSpec> args;
+  std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
+  std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other
+  std::vector<SourceFrame> source;  // innermost first
+
+  // Records a call (arguments before execution) as a new template; outputs come later.
+  static OpTemplate record(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                           const torch::jit::Stack& args);
+  void record_outputs(const torch::jit::Stack& returns);
+  // Output `out` was the very tensor passed as argument `arg` (seen when tracing).
+  void mark_same_as_input(size_t out, int arg);
+  // Does this call (same op, stack position) match the template? On mismatch `why` says how.
+  bool matches(const torch::jit::Stack& args, std::string* why) const;
+  std::string label() const;  // op name and output shapes, for export and explain
+};
+
+// Identity of an op for LocationKeys: the schema's address for ATen ops, small ids otherwise.
+uint64_t op_identity(OpKind kind, const c10::OperatorHandle* op);
+
+}  // namespace terra::runtime

@@ -1,0 +1,88 @@
+#include "placeholder.h"
+
+#include <sstream>
+
+namespace terra::runtime {
+
+namespace {
+const char* const kNoData =
+    "Terra: this tensor is still being computed by the GraphRunner and was read by a path Terra "
+    "does not intercept. Please report this; `%terra off` (or terra.disable()) runs the program "
+    "eagerly.";
+}
+
+PlaceholderImpl::PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<AliasGroup> group,
+                                 c10::DispatchKeySet keys, caffe2::TypeMeta dtype,
+                                 c10::Device device, bool detached)
+    : c10::TensorImpl(keys, dtype, device),
+      slot_(std::move(slot)),
+      group_(std::move(group)),
+      detached_(detached) {
+  release_storage_and_set_meta_custom_data_ptr_error_msg_(kNoData);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::copy_detached(
+    bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<PlaceholderImpl>(slot_, group_, key_set(), dtype(), device(),
+                                                   /*detached=*/true);
+  impl->set_sizes_and_strides(sizes(), strides(), storage_offset());
+  impl->set_allow_tensor_metadata_change(allow_tensor_metadata_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = copy_detached(allow_tensor_metadata_change);
+  impl->set_version_counter(version_counter);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  auto impl = copy_detached(allow_tensor_metadata_change);
+  impl->set_version_counter(std::move(version_counter));
+  return impl;
+}
+
+TensorMeta TensorMeta::of(const at::Tensor& t) {
+  TensorMeta m;
+  m.sizes = t.sizes().vec();
+  m.strides = t.strides().vec();
+  m.storage_offset = t.storage_offset();
+  m.dtype = t.scalar_type();
+  m.device = t.device();
+  m.requires_grad = t.requires_grad();
+  return m;
+}
+
+bool TensorMeta::matches(const at::Tensor& t) const {
+  return t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
+         t.sizes() == c10::IntArrayRef(sizes) && t.strides() == c10::IntArrayRef(strides);
+}
+
+std::string TensorMeta::str() const {
+  std::ostringstream os;
+  os << c10::toString(dtype) << c10::IntArrayRef(sizes);
+  if (device.type() != c10::kCPU) os << "@" << device;
+  if (requires_grad) os << " requires_grad";
+  return os.str();
+}
+
+at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
+                            std::shared_ptr<AliasGroup> group) {
+  auto keys = c10::DispatchKeySet(c10::computeDispatchKey(meta.dtype, c10::kStrided, meta.device));
+  auto impl = c10::make_intrusive<PlaceholderImpl>(std::move(slot), std::move(group), keys,
+                                                   c10::scalarTypeToTypeMeta(meta.dtype),
+                                                   meta.device, /*detached=*/false);
+  impl->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
+  at::Tensor t(std::move(impl));
+  if (meta.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+at::Tensor placeholder_value(const PlaceholderImpl& p) {
+  const at::Tensor& v = p.slot()->value;
+  return p.detached() ? v.detach() : v;
+}
+
+}  // namespace terra::runtime

@@ -1,0 +1,87 @@
+// Placeholders: the tensors the PythonRunner hands to the program during co-execution.
+//
+// A placeholder is a real at::Tensor with the sizes, strides, dtype, device and requires_grad the
+// trace recorded, but no storage: its data lives in a `Slot` that the GraphRunner fills when it
+// has executed the producing op. Metadata queries from Python need no synchronisation. Any path
+// that reaches the data of an unfilled placeholder throws a clear error instead of reading
+// garbage (storage access is disabled), so a missed synchronisation can never be a segfault.
+// Python-level fetches (`.item()`, printing, `.numpy()`) wait for the slot and then swap the real
+// tensor into the Python object, after which it is an ordinary tensor.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+namespace terra::runtime {
+
+// Where the GraphRunner puts the value of one op output. Written once by the GraphRunner thread
+// before it publishes `ready_seq` through its completion counter; read by the Python thread only
+// after waiting for that counter.
+struct Slot {
+  at::Tensor value;
+  uint64_t seq = 0;  // sequence number of the work item that produces it
+};
+
+// Groups of tensors that share storage (a placeholder and the views made from it). An in-place op
+// on any member records its sequence number here, so a fetch waits for the last writer too.
+struct AliasGroup {
+  uint64_t last_write = 0;
+};
+
+class PlaceholderImpl final : public c10::TensorImpl {
+ public:
+  PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<AliasGroup> group,
+                  c10::DispatchKeySet keys, caffe2::TypeMeta dtype, c10::Device device,
+                  bool detached);
+
+  const std::shared_ptr<Slot>& slot() const { return slot_; }
+  const std::shared_ptr<AliasGroup>& group() const { return group_; }
+  // `.data`/`.detach()`-style shallow copies keep the slot but read it detached.
+  bool detached() const { return detached_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "terra::PlaceholderImpl"; }
+  c10::intrusive_ptr<c10::TensorImpl> copy_detached(bool allow_tensor_metadata_change) const;
+
+  std::shared_ptr<Slot> slot_;
+  std::shared_ptr<AliasGroup> group_;
+  bool detached_;
+};
+
+// Metadata a placeholder is made from (recorded at trace time).
+struct TensorMeta {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::Device device = c10::Device(c10::kCPU);
+  bool requires_grad = false;
+
+  static TensorMeta of(const at::Tensor& t);
+  // Same sizes, strides, dtype, device and requires_grad (what decides the outputs' metadata).
+  bool matches(const at::Tensor& t) const;
+  std::string str() const;
+};
+
+at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
+                            std::shared_ptr<AliasGroup> group);
+
+inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(PlaceholderImpl) ? static_cast<PlaceholderImpl*>(impl) : nullptr;
+}
+
+// The real tensor behind a filled placeholder (detached if the placeholder is a detached copy).
+at::Tensor placeholder_value(const PlaceholderImpl& p);
+
+}  // namespace terra::runtime

@@ -1,0 +1,616 @@
+#include "python_runner.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace terra::runtime {
+
+namespace {
+
+// The dispatch key Terra's fallback is registered on. It sits above autograd, autocast and the
+// Python modes, so the fallback sees each call exactly as the program issued it (before
+// composite ops decompose), and it is only ever active through thread-local inclusion.
+constexpr c10::DispatchKey kTerraKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr uint32_t kNoNode = UINT32_MAX;
+constexpr uint64_t kEntryBoundary = 1;
+
+void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraKey, on); }
+
+void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
+  op.callBoxed(stack);
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  PythonRunner::instance().on_aten(op, ks, stack);
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  v += 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
+  return h ^ (v ^ (v >> 31));
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
+bool has_placeholder(const torch::jit::Stack& stack) {
+  bool found = false;
+  for (const c10::IValue& v : stack)
+    for_each_tensor(v, [&](const at::Tensor& t) { found = found || as_placeholder(t); });
+  return found;
+}
+
+// Replaces placeholders (whose values are known to be ready) by their values.
+c10::IValue resolved(const c10::IValue& v) {
+  if (v.isTensor()) {
+    auto* p = as_placeholder(v.toTensor());
+    return p ? c10::IValue(placeholder_value(*p)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) {
+      auto* p = as_placeholder(t);
+      out.push_back(p ? placeholder_value(*p) : t);
+    }
+    return out;
+  }
+  if (v.isList()) {
+    auto in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    for (const c10::IValue& e : in) out.push_back(resolved(e));
+    return out;
+  }
+  return v;
+}
+
+class GilReleased {
+ public:
+  GilReleased() : state_(PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilReleased() {
+    if (state_) PyEval_RestoreThread(state_);
+  }
+
+ private:
+  PyThreadState* state_;
+};
+
+[[noreturn]] void raise(const RunnerError& e, const std::string& where) {
+  std::string msg = e.message + "\n(Terra: raised by the GraphRunner while executing " + where +
+                    "; the program had already continued past that op)";
+  if (e.type == "IndexError") TORCH_CHECK_INDEX(false, msg);
+  if (e.type == "ValueError") TORCH_CHECK_VALUE(false, msg);
+  if (e.type == "TypeError") TORCH_CHECK_TYPE(false, msg);
+  if (e.type == "NotImplementedError") TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+  TORCH_CHECK(false, msg);
+}
+
+std::string where(const Node& n) {
+  std::string s = n.tmpl.name;
+  for (const SourceFrame& f : n.tmpl.source) {
+    s += " at " + f.file + ":" + std::to_string(f.line);
+    break;
+  }
+  return s;
+}
+
+}  // namespace
+
+uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
+  auto id = static_cast<uint32_t>(nodes.size());
+  Node n;
+  n.tmpl = std::move(tmpl);
+  n.lookup = lookup;
+  nodes.push_back(std::move(n));
+  index[lookup].push_back(id);
+  return id;
+}
+
+void Graph::add_edge(uint32_t from, uint32_t to) {
+  if (from == kNoNode) return;
+  for (auto& [node, count] : nodes[from].succ) {
+    if (node == to) {
+      ++count;
+      return;
+    }
+  }
+  nodes[from].succ.emplace_back(to, 1);
+}
+
+PythonRunner& PythonRunner::instance() {
+  static auto* runner = new PythonRunner();  // never destroyed: its thread lives to process exit
+  return *runner;
+}
+
+void PythonRunner::install_dispatch_hook() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  auto* lib = new torch::Library(torch::Library::IMPL, "_", kTerraKey, __FILE__, __LINE__);
+  lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+GraphRunner& PythonRunner::runner() {
+  if (!runner_) runner_ = std::make_unique<GraphRunner>();
+  return *runner_;
+}
+
+const char* PythonRunner::mode_name() const {
+  switch (mode_) {
+    case Mode::Off: return "off";
+    case Mode::Tracing: return "tracing";
+    case Mode::CoExec: return "co-executing";
+    case Mode::Eager: return "eager";
+  }
+  return "?";
+}
+
+void PythonRunner::enter(Graph* graph, const void* root) {
+  TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
+  graph_ = graph;
+  root_ = root;
+  mode_ = Mode::Tracing;
+  begin_iteration(kEntryBoundary);
+}
+
+void PythonRunner::exit() {
+  if (mode_ == Mode::Off) return;
+  end_iteration();
+  if (mode_ == Mode::CoExec) leave_coexec();
+  mode_ = Mode::Off;
+  set_hook(false);
+  live_.clear();
+  raise_if_failed();
+  graph_ = nullptr;
+  root_ = nullptr;
+}
+
+void PythonRunner::pause() {
+  if (paused_++ == 0) set_hook(false);
+}
+
+void PythonRunner::resume() {
+  if (paused_ > 0 && --paused_ == 0) set_hook(mode_ == Mode::Tracing || mode_ == Mode::CoExec);
+}
+
+void PythonRunner::barrier(const std::string& reason, const std::string& what) {
+  if (mode_ == Mode::CoExec) diverge(reason, what);
+}
+
+void PythonRunner::mark(uint64_t boundary) {
+  if (mode_ == Mode::Off) return;
+  end_iteration();
+  begin_iteration(boundary);
+}
+
+void PythonRunner::end_iteration() {
+  auto& root = graph_->roots[boundary_];
+  double seconds = static_cast<double>(now_ns() - iteration_start_ns_) * 1e-9;
+  switch (mode_) {
+    case Mode::Tracing:
+      if (diverged_) {
+        ++graph_->iterations_fallback;
+      } else {
+        ++graph_->iterations_traced;
+      }
+      root.stable = added_ ? 0 : root.stable + 1;
+      graph_->traced_seconds += seconds;
+      break;
+    case Mode::CoExec:
+      ++graph_->iterations_coexecuted;
+      graph_->coexec_seconds += seconds;
+      break;
+    case Mode::Eager:
+      ++graph_->iterations_eager;
+      break;
+    case Mode::Off:
+      break;
+  }
+  occurrences_.clear();
+  if (live_.size() > 4096) {
+    live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& w) { return w.expired(); }),
+                live_.end());
+  }
+  if (runner_) runner_->reclaim();
+}
+
+void PythonRunner::begin_iteration(uint64_t boundary) {
+  boundary_ = boundary;
+  added_ = diverged_ = false;
+  iteration_start_ns_ = now_ns();
+  auto it = graph_->roots.find(boundary);
+  if (it == graph_->roots.end()) {
+    OpTemplate marker;
+    marker.kind = OpKind::Marker;
+    char name[40];
+    snprintf(name, sizeof(name), "iteration %016llx", static_cast<unsigned long long>(boundary));
+    marker.name = name;
+    Graph::Root root;
+    root.node = graph_->add_node(std::move(marker), mix(boundary, 0x17e7));
+    it = graph_->roots.emplace(boundary, root).first;
+    added_ = true;
+  }
+  const Graph::Root& root = it->second;
+  cur_ = root.node;
+  ++graph_->nodes[cur_].count;
+  Mode want = Mode::Tracing;
+  if (root.divergences >= policy_.max_divergences || graph_->nodes.size() >= policy_.max_nodes) {
+    want = Mode::Eager;
+  } else if (policy_.enabled && root.stable >= policy_.warmup) {
+    want = Mode::CoExec;
+  }
+  if (mode_ == Mode::CoExec && want != Mode::CoExec) leave_coexec();
+  mode_ = want;
+  set_hook(mode_ != Mode::Eager && paused_ == 0);
+}
+
+uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
+  uint64_t base = mix(op_identity(kind, op), PythonStack::hash(root_));
+  uint32_t& n = occurrences_[base];
+  return mix(base, n++);
+}
+
+void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                           torch::jit::Stack* stack) {
+  if (mode_ == Mode::Off || mode_ == Mode::Eager) {
+    call_below(op, stack);
+    return;
+  }
+  if (passthrough(op)) {
+    call_below(op, stack);
+    return;
+  }
+  auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
+  uint64_t lookup = lookup_key(OpKind::Aten, &op);
+  if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, {}, lookup, stack, exec)) return;
+  trace_op(OpKind::Aten, &op, c10::toString(op.operator_name()), lookup, stack, exec);
+}
+
+bool PythonRunner::passthrough(const c10::OperatorHandle& op) {
+  // Profiler annotations (record_function around optimizer steps and zero_grad) carry opaque
+  // handle objects and compute nothing: they run where they are called, untraced.
+  const c10::FunctionSchema* schema = &op.schema();
+  auto it = passthrough_.find(schema);
+  if (it != passthrough_.end()) return it->second;
+  bool pass = op.operator_name().name.rfind("profiler::", 0) == 0;
+  passthrough_.emplace(schema, pass);
+  return pass;
+}
+
+void PythonRunner::on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
+                             const Exec& exec) {
+  auto excluded = [&exec](torch::jit::Stack* s) {
+    c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
+    exec(s);
+  };
+  if (mode_ == Mode::Off || mode_ == Mode::Eager) {
+    excluded(stack);
+    return;
+  }
+  uint64_t lookup = lookup_key(kind, nullptr);
+  if (mode_ == Mode::CoExec && coexec_op(kind, nullptr, name, lookup, stack, excluded)) return;
+  trace_op(kind, nullptr, name, lookup, stack, excluded);
+}
+
+void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                            uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
+  if (has_placeholder(*stack)) {
+    // Left over from co-execution (e.g. a placeholder without a Python object): use its value.
+    wait_for(runner().issued());
+    for (c10::IValue& v : *stack) v = resolved(v);
+  }
+  uint32_t node = kNoNode;
+  if (auto it = graph_->index.find(lookup); it != graph_->index.end()) {
+    for (uint32_t id : it->second) {
+      if (graph_->nodes[id].tmpl.matches(*stack, nullptr)) {
+        node = id;
+        break;
+      }
+    }
+  }
+  OpTemplate fresh;
+  std::vector<const c10::TensorImpl*> inputs;
+  if (node == kNoNode) {
+    fresh = OpTemplate::record(kind, op, name, *stack);
+    for (const c10::IValue& v : *stack)
+      inputs.push_back(v.isTensor() ? v.toTensor().unsafeGetTensorImpl() : nullptr);
+  }
+  exec(stack);
+  ++graph_->ops_traced;
+  if (node == kNoNode) {
+    fresh.record_outputs(*stack);
+    size_t k = 0;
+    for (const c10::IValue& r : *stack) {
+      if (r.isTensor() && k < fresh.outs.size() && fresh.outs[k].alias_arg < 0) {
+        auto pos = std::find(inputs.begin(), inputs.end(), r.toTensor().unsafeGetTensorImpl());
+        if (pos != inputs.end() && r.toTensor().defined())
+          fresh.mark_same_as_input(k, static_cast<int>(pos - inputs.begin()));
+      }
+      for_each_tensor(r, [&](const at::Tensor&) { ++k; });
+      if (r.isNone()) ++k;
+    }
+    fresh.source = PythonStack::describe(root_);
+    node = graph_->add_node(std::move(fresh), lookup);
+    added_ = true;
+  } else {
+    // A known node whose outputs now differ: its output shape depends on data. From now on it
+    // runs as a fetch (eagerly, with concrete inputs) during co-execution.
+    OpTemplate& t = graph_->nodes[node].tmpl;
+    size_t k = 0;
+    for (const c10::IValue& r : *stack) {
+      for_each_tensor(r, [&](const at::Tensor& x) {
+        if (k < t.outs.size() && !t.outs[k].none && t.outs[k].alias_arg < 0 &&
+            !t.outs[k].meta.matches(x))
+          t.mode = ExecMode::Fetch;
+        ++k;
+      });
+    }
+  }
+  size_t before = graph_->nodes[cur_].succ.size();
+  graph_->add_edge(cur_, node);
+  added_ = added_ || graph_->nodes[cur_].succ.size() != before;
+  cur_ = node;
+  ++graph_->nodes[node].count;
+}
+
+bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                             uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
+  if (runner().failed()) raise_if_failed();
+  uint32_t node = kNoNode;
+  std::string why;
+  auto it = graph_->index.find(lookup);
+  if (it != graph_->index.end()) {
+    for (uint32_t id : it->second) {
+      if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
+        node = id;
+        break;
+      }
+    }
+  }
+  if (node == kNoNode) {
+    std::string op_name = op ? c10::toString(op->operator_name()) : name;
+    diverge(it == graph_->index.end() ? "an op the trace has not seen at this point of the program"
+                                      : "the arguments differ from the trace: " + why,
+            op_name);
+    return false;
+  }
+  const OpTemplate& t = graph_->nodes[node].tmpl;
+  graph_->add_edge(cur_, node);
+  cur_ = node;
+  ++graph_->nodes[node].count;
+  ++graph_->ops_coexecuted;
+  switch (t.mode) {
+    case ExecMode::PythonNow:
+      exec(stack);
+      break;
+    case ExecMode::Fetch:
+      ++graph_->fetches;
+      run_fetch(t, stack, exec);
+      break;
+    case ExecMode::Graph:
+      issue(node, t, stack);
+      break;
+  }
+  return true;
+}
+
+void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack) {
+  if (t.noop_alias) {
+    torch::jit::Stack returns;
+    for (const OutSpec& o : t.outs) returns.push_back((*stack)[static_cast<size_t>(o.alias_arg)]);
+    *stack = std::move(returns);
+    return;
+  }
+  GraphRunner& r = runner();
+  WorkItem* item;
+  {
+    GilReleased unlocked;  // the ring may be full: never wait holding the GIL
+    item = &r.next_item();
+  }
+  const uint64_t seq = r.issued() + 1;
+  item->kind = t.kind;
+  item->op = t.op ? &*t.op : nullptr;
+  item->grad_mode = t.grad_mode;
+  item->inference_mode = t.inference_mode;
+  item->node = node_id;
+  item->expect = &t.outs;
+
+  // Record writes so a later fetch waits for them.
+  if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) last_external_write_ = seq;
+  if (t.mutates_input && t.op) {
+    const auto& schema_args = t.op->schema().arguments();
+    for (size_t i = 0; i < schema_args.size() && i < stack->size(); ++i) {
+      const auto* info = schema_args[i].alias_info();
+      if (!info || !info->isWrite()) continue;
+      for_each_tensor((*stack)[i], [&](const at::Tensor& x) {
+        auto* p = as_placeholder(x);
+        if (p && p->group()) {
+          p->group()->last_write = seq;
+        } else {
+          last_external_write_ = seq;
+        }
+      });
+    }
+  }
+
+  std::shared_ptr<AliasGroup> base_group;
+  for (const c10::IValue& v : *stack) {
+    if (v.isTensor()) {
+      if (auto* p = as_placeholder(v.toTensor())) base_group = p->group();
+      break;
+    }
+  }
+  item->outs.assign(t.outs.size(), nullptr);
+  size_t k = 0;
+  auto make_out = [&]() -> at::Tensor {
+    const OutSpec& o = t.outs[k];
+    size_t index = k++;
+    if (o.alias_arg >= 0) return (*stack)[static_cast<size_t>(o.alias_arg)].toTensor();
+    if (o.none) return at::Tensor();
+    auto slot = std::make_shared<Slot>();
+    slot->seq = seq;
+    std::shared_ptr<AliasGroup> group;
+    if (t.kind == OpKind::Aten) group = o.view ? base_group : std::make_shared<AliasGroup>();
+    at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
+    item->outs[index] = std::move(slot);
+    live_.emplace_back(p.getIntrusivePtr());
+    return p;
+  };
+  torch::jit::Stack returns;
+  for (int n : t.return_sizes) {
+    if (n == -1) {
+      returns.emplace_back(make_out());
+    } else if (n >= 0) {
+      c10::List<at::Tensor> list;
+      for (int i = 0; i < n; ++i) list.push_back(make_out());
+      returns.emplace_back(std::move(list));
+    } else {
+      ++k;
+      returns.emplace_back();
+    }
+  }
+  item->args = std::move(*stack);
+  *stack = std::move(returns);
+  r.issue();
+}
+
+uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
+  uint64_t need = 0;
+  for_each_tensor(v, [&](const at::Tensor& t) {
+    if (auto* p = as_placeholder(t)) {
+      need = std::max({need, p->slot()->seq, p->group() ? p->group()->last_write : last_external_write_});
+    } else {
+      need = std::max(need, last_external_write_);
+    }
+  });
+  return need;
+}
+
+void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
+  uint64_t need = 0;
+  for (const c10::IValue& v : *stack) need = std::max(need, needed_seq(v));
+  if (t.mutates_input) need = runner().issued();
+  wait_for(need);
+  raise_if_failed();
+  for (c10::IValue& v : *stack) v = resolved(v);
+  exec(stack);
+}
+
+void PythonRunner::wait_for(uint64_t seq) {
+  if (!runner_ || runner_->done() >= seq) return;
+  GilReleased unlocked;
+  runner_->wait_for(seq);
+}
+
+void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+  auto source = PythonStack::describe(root_);
+  Fallback* known = nullptr;
+  for (Fallback& f : graph_->fallbacks) {
+    bool same_line = !f.source.empty() && !source.empty() && f.source[0].file == source[0].file &&
+                     f.source[0].line == source[0].line;
+    if (f.op == op && f.reason == reason && same_line) known = &f;
+  }
+  if (!known) {
+    graph_->fallbacks.push_back(Fallback{reason, op, std::move(source), 0});
+    known = &graph_->fallbacks.back();
+  }
+  ++known->count;
+  auto& root = graph_->roots[boundary_];
+  ++root.divergences;
+  root.stable = 0;
+  leave_coexec();
+  mode_ = Mode::Tracing;
+  diverged_ = true;
+}
+
+void PythonRunner::leave_coexec() {
+  if (!runner_) return;
+  wait_for(runner_->issued());
+  materialize_all();
+  runner_->reclaim();
+}
+
+void PythonRunner::materialize_all() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  for (auto& weak : live_) {
+    at::Tensor t(weak.lock());
+    if (!t.defined() || !as_placeholder(t)) continue;
+    PyObject* obj = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+    if (obj) {
+      Py_INCREF(obj);
+      materialize(obj);
+      Py_DECREF(obj);
+      if (PyErr_Occurred()) PyErr_Clear();
+    }
+  }
+  live_.clear();
+  PyGILState_Release(gil);
+}
+
+void PythonRunner::materialize(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  auto* p = as_placeholder(t);
+  if (!p) return;
+  wait_for(needed_seq(t));
+  if (!p->slot()->value.defined()) return;  // never computed (the GraphRunner failed)
+  at::Tensor value = placeholder_value(*p);
+  if (value.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
+    // Already has a Python object (e.g. a parameter's .grad): hand out an alias instead.
+    c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
+    value = value.requires_grad() ? value.view_as(value) : value.detach();
+  }
+  static PyObject* swap = [] {
+    PyObject* c = PyImport_ImportModule("torch._C");
+    PyObject* f = c ? PyObject_GetAttrString(c, "_swap_tensor_impl") : nullptr;
+    Py_XDECREF(c);
+    return f;
+  }();
+  PyObject* fresh = THPVariable_Wrap(value);
+  if (!fresh || !swap) return;
+  PyObject* r = PyObject_CallFunctionObjArgs(swap, obj, fresh, nullptr);
+  Py_XDECREF(r);
+  Py_DECREF(fresh);
+}
+
+void PythonRunner::sync() {
+  if (!runner_) return;
+  wait_for(runner_->issued());
+  raise_if_failed();
+}
+
+void PythonRunner::raise_if_failed() {
+  if (!runner_ || !runner_->failed()) return;
+  wait_for(runner_->issued());
+  RunnerError e = runner_->take_error();
+  std::string at = e.node < (graph_ ? graph_->nodes.size() : 0) ? where(graph_->nodes[e.node]) : "an op";
+  if (mode_ == Mode::CoExec) {
+    materialize_all();
+    mode_ = Mode::Tracing;
+    diverged_ = true;
+  }
+  raise(e, at);
+}
+
+}  // namespace terra::runtime

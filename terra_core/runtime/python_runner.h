@@ -1,0 +1,145 @@
+// PythonRunner: the side of co-execution that runs in the program's own Python thread.
+//
+// While Terra is active on a thread, every ATen call of that thread reaches `on_aten` (a dispatcher
+// fallback on a thread-local key) before autograd or any kernel, and the patched Python entry
+// points for `backward` and `.grad` reach `on_pseudo`. Per iteration (a segment of the program
+// between two iteration boundaries, see `mark`) the runner is in one of three modes:
+//   Tracing  the op runs eagerly and is recorded into the TraceGraph;
+//   CoExec   the op is validated against the TraceGraph (same LocationKey, same argument
+//            template) and issued to the GraphRunner; the program gets placeholders;
+//   Eager    past the policy's caps: the op runs eagerly, nothing is recorded.
+// A call that does not validate is a divergence: the GraphRunner finishes what was issued, every
+// live placeholder becomes a real tensor, and the rest of the iteration is traced. The program
+// never sees a difference except time.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph_runner.h"
+#include "op_template.h"
+
+namespace terra::runtime {
+
+struct Policy {
+  int warmup = 1;           // traced iterations that add nothing before co-executing
+  int max_divergences = 8;  // per iteration start: past this the region stays eager
+  size_t max_nodes = 200000;
+  bool enabled = true;      // co-execution (false: trace only, never co-execute)
+};
+
+struct Fallback {
+  std::string reason;                // what did not validate
+  std::string op;                    // the op that diverged
+  std::vector<SourceFrame> source;   // where in the program
+  uint64_t count = 0;
+};
+
+struct Node {
+  OpTemplate tmpl;
+  uint64_t lookup = 0;
+  uint64_t count = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
+};
+
+// One TraceGraph with the op templates of its nodes and its statistics.
+struct Graph {
+  std::string name;
+  std::vector<Node> nodes;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
+  struct Root {
+    uint32_t node = 0;
+    int stable = 0;       // consecutive traced iterations that added nothing
+    int divergences = 0;
+  };
+  std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
+  uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
+           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0;
+  std::vector<Fallback> fallbacks;
+  double traced_seconds = 0, coexec_seconds = 0;
+
+  uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
+  void add_edge(uint32_t from, uint32_t to);
+};
+
+class PythonRunner {
+ public:
+  static PythonRunner& instance();
+  static void install_dispatch_hook();
+
+  // Session control, called with the GIL held. `root` is the frame whose loops mark iterations.
+  void enter(Graph* graph, const void* root);
+  void exit();
+  bool active() const { return mode_ != Mode::Off; }
+  void mark(uint64_t boundary);
+  Graph* graph() const { return graph_; }
+  Policy& policy() { return policy_; }
+  GraphRunner& runner();
+
+  // Interception points.
+  void on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  // backward / .grad / .grad = : `exec` runs the real thing on the given stack.
+  void on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
+                 const std::function<void(torch::jit::Stack*)>& exec);
+
+  // Makes a placeholder's Python object an ordinary tensor (waits for its value). GIL held.
+  void materialize(PyObject* tensor);
+  void sync();  // waits for all issued work; raises a pending GraphRunner error
+  // Stops interception while Terra's own Python code runs (printing a tensor, for instance).
+  void pause();
+  void resume();
+  // Something Terra cannot co-execute is about to happen (`what`): leave co-execution for the
+  // rest of this iteration, recording `reason` for explain.
+  void barrier(const std::string& reason, const std::string& what);
+  std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
+
+  const char* mode_name() const;
+
+ private:
+  enum class Mode { Off, Tracing, CoExec, Eager };
+  using Exec = std::function<void(torch::jit::Stack*)>;
+
+  void trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
+  bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
+  void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
+  void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
+  void diverge(const std::string& reason, const std::string& op);
+  void end_iteration();
+  void begin_iteration(uint64_t boundary);
+  void leave_coexec();
+  void materialize_all();
+  void wait_for(uint64_t seq);
+  void raise_if_failed();
+  uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
+  uint64_t needed_seq(const c10::IValue& v) const;
+  bool passthrough(const c10::OperatorHandle& op);
+
+  Mode mode_ = Mode::Off;
+  Graph* graph_ = nullptr;
+  const void* root_ = nullptr;
+  Policy policy_;
+  uint32_t cur_ = 0;
+  uint64_t boundary_ = 0;
+  bool added_ = false;      // this iteration added nodes or edges
+  bool diverged_ = false;   // this iteration fell back
+  int64_t iteration_start_ns_ = 0;
+  std::unordered_map<uint64_t, uint32_t> occurrences_;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
+  uint64_t last_external_write_ = 0;
+  int paused_ = 0;
+  std::unordered_map<const c10::FunctionSchema*, bool> passthrough_;
+  std::unique_ptr<GraphRunner> runner_;
+  std::map<std::string, std::unique_ptr<Graph>> graphs_;
+};
+
+}  // namespace terra::runtime
