@@ -5,7 +5,7 @@ import uuid
 
 from jupyter_client.manager import KernelManager, start_new_kernel
 
-from conftest import KERNEL, execute, shell_reply
+from kernel_helpers import KERNEL, execute, shell_reply
 
 
 def history(kc, **request):

@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from conftest import collect, drain, execute, shell_reply, stdout
+from kernel_helpers import collect, drain, execute, shell_reply, stdout
 
 
 def wait_busy(kc, msg_id, timeout=10):

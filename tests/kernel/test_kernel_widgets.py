@@ -1,6 +1,6 @@
 """Widgets through xeus's comms: an ipywidgets slider and an anywidget widget each open a comm
 and display a view of it; state sent by the frontend reaches the kernel-side model."""
-from conftest import collect, execute, stdout
+from kernel_helpers import collect, execute, stdout
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

@@ -6,7 +6,7 @@ import sys
 
 import nbformat
 
-from conftest import ROOT
+from kernel_helpers import ROOT
 
 RUN_NOTEBOOK = ROOT / "scripts" / "run_notebook.py"
 
