@@ -187,3 +187,19 @@ def test_debugger_initializes_and_attaches(kernel):
     assert info["success"] and info["body"]["isStarted"]
     reply, messages = execute(kc, "print('after attach')")
     assert stdout(messages) == "after attach\n"
+
+
+def test_bad_messages_do_not_kill_the_kernel(kernel):
+    from jupyter_client.session import Session
+
+    km, kc = kernel
+    socket = kc.shell_channel.socket
+    Session(key=b"not-the-key").send(socket, "execute_request", {"code": "1"})  # bad signature
+    kc.session.send(socket, "no_such_request", {})
+    kc.session.send(socket, "execute_request", {"code": 42})  # wrong type
+    kc.session.send(socket, "history_request", {"hist_access_type": "tail", "n": "ten"})
+    time.sleep(0.5)
+    assert km.is_alive()
+    drain(kc)
+    reply, messages = execute(kc, "print('fine')")
+    assert stdout(messages) == "fine\n"
