@@ -49,13 +49,13 @@ std::string venv_python() {
 void start_python(const std::string& program, char* argv0) {
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
-  config.parse_argv = 0;               // argv is the kernel's (-f FILE), not Python options
+  config.parse_argv = 0;               // argv is not a Python command line
   config.install_signal_handlers = 1;  // PyErr_SetInterrupt needs Python's SIGINT handler
   PyConfig_SetBytesString(&config, &config.program_name, program.c_str());
-  // Deliberately leaked: the server ends the process with std::exit, and finalising Python while
-  // other threads still run would be worse than not finalising it.
   // sys.argv is just the executable: IPython's application would read "-f FILE" as its own.
   const char* const python_argv[] = {argv0};
+  // Deliberately leaked: the server ends the process with std::exit, and finalising Python while
+  // other threads still run would be worse than not finalising it.
   new py::scoped_interpreter(&config, 1, python_argv, /*add_program_dir_to_path=*/false);
 }
 
