@@ -170,6 +170,7 @@ void PythonRunner::enter(Graph* graph, const void* root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
   graph_ = graph;
   root_ = root;
+  grad_defined_.clear();
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }
@@ -181,6 +182,7 @@ void PythonRunner::exit() {
   mode_ = Mode::Off;
   set_hook(false);
   live_.clear();
+  grad_defined_.clear();
   raise_if_failed();
   graph_ = nullptr;
   root_ = nullptr;
@@ -331,6 +333,8 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   }
   OpTemplate fresh;
   std::vector<const c10::TensorImpl*> inputs;
+  torch::jit::Stack args_copy;
+  if (kind != OpKind::Aten) args_copy = *stack;
   if (node == kNoNode) {
     fresh = OpTemplate::record(kind, op, name, *stack);
     for (const c10::IValue& v : *stack)
@@ -353,6 +357,20 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
     fresh.source = PythonStack::describe(root_);
     node = graph_->add_node(std::move(fresh), lookup);
     added_ = true;
+  } else if (kind == OpKind::GradRead &&
+             graph_->nodes[node].tmpl.outs.at(0).none != !(stack->at(0).isTensor() &&
+                                                           stack->at(0).toTensor().defined())) {
+    // The other variant of a .grad read (undefined before the first backward, defined after).
+    uint32_t other = kNoNode;
+    for (uint32_t id : graph_->index[lookup])
+      if (id != node && graph_->nodes[id].tmpl.kind == OpKind::GradRead) other = id;
+    if (other == kNoNode) {
+      OpTemplate variant = graph_->nodes[node].tmpl;
+      variant.record_outputs(*stack);
+      other = graph_->add_node(std::move(variant), lookup);
+      added_ = true;
+    }
+    node = other;
   } else {
     // A known node whose outputs now differ: its output shape depends on data. From now on it
     // runs as a fetch (eagerly, with concrete inputs) during co-execution.
@@ -367,6 +385,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
       });
     }
   }
+  if (kind != OpKind::Aten) note_grads(node, args_copy, *stack, /*traced=*/true);
   size_t before = graph_->nodes[cur_].succ.size();
   graph_->add_edge(cur_, node);
   added_ = added_ || graph_->nodes[cur_].succ.size() != before;
@@ -381,10 +400,15 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
   std::string why;
   auto it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {
-    for (uint32_t id : it->second) {
-      if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
-        node = id;
-        break;
+    if (kind == OpKind::GradRead) {
+      node = choose_grad_read(it->second, stack->at(0).toTensor());
+      if (node == kNoNode) why = "whether .grad is defined here is not known";
+    } else {
+      for (uint32_t id : it->second) {
+        if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
+          node = id;
+          break;
+        }
       }
     }
   }
@@ -409,10 +433,71 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
       run_fetch(t, stack, exec);
       break;
     case ExecMode::Graph:
-      issue(node, t, stack);
+      if (kind != OpKind::Aten) {
+        torch::jit::Stack args = *stack;
+        issue(node, t, stack);
+        note_grads(node, args, *stack, /*traced=*/false);
+      } else {
+        issue(node, t, stack);
+      }
       break;
   }
   return true;
+}
+
+uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
+                                        const at::Tensor& t) {
+  const at::Tensor base = as_placeholder(t) ? at::Tensor() : t;
+  auto known = base.defined() ? grad_defined_.find(base.unsafeGetTensorImpl()) : grad_defined_.end();
+  if (known != grad_defined_.end() && known->second.leaf.lock().get() != base.unsafeGetTensorImpl())
+    known = grad_defined_.end();  // a dead tensor's address, reused
+  uint32_t found = kNoNode;
+  int matching = 0;
+  for (uint32_t id : candidates) {
+    const OpTemplate& c = graph_->nodes[id].tmpl;
+    if (c.kind != OpKind::GradRead || !c.matches({t}, nullptr)) continue;
+    ++matching;
+    if (known != grad_defined_.end() && c.outs.at(0).none == !known->second.defined) return id;
+    found = id;
+  }
+  return matching == 1 && known == grad_defined_.end() ? found : kNoNode;
+}
+
+void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
+                              const torch::jit::Stack& returns, bool traced) {
+  OpTemplate& t = graph_->nodes[node].tmpl;
+  auto set = [&](const c10::IValue& v, bool defined) {
+    if (!v.isTensor() || !v.toTensor().defined() || as_placeholder(v.toTensor())) return;
+    grad_defined_.insert_or_assign(v.toTensor().unsafeGetTensorImpl(),
+                                   GradState{c10::weak_intrusive_ptr<c10::TensorImpl>(v.toTensor().getIntrusivePtr()), defined});
+  };
+  switch (t.kind) {
+    case OpKind::GradRead:
+      set(args.at(0), !returns.empty() && returns[0].isTensor() && returns[0].toTensor().defined());
+      break;
+    case OpKind::GradWrite:
+      set(args.at(0), !args.at(1).isNone());
+      break;
+    case OpKind::Backward:
+      if (traced) {
+        // Observe which of the leaves the program looks at got a gradient.
+        t.grads_after.clear();
+        for (auto& [impl, state] : grad_defined_) {
+          at::Tensor x(state.leaf.lock());
+          if (!x.defined() || x.unsafeGetTensorImpl() != impl) continue;
+          state.defined = x.grad().defined();
+          if (state.defined) t.grads_after.push_back(state.leaf);
+        }
+      } else {
+        for (auto& weak : t.grads_after) {
+          at::Tensor x(weak.lock());
+          if (x.defined()) grad_defined_.insert_or_assign(x.unsafeGetTensorImpl(), GradState{weak, true});
+        }
+      }
+      break;
+    default:
+      break;
+  }
 }
 
 void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack) {

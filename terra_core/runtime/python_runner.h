@@ -123,6 +123,11 @@ class PythonRunner {
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
   uint64_t needed_seq(const c10::IValue& v) const;
   bool passthrough(const c10::OperatorHandle& op);
+  // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
+  // the Python side from the backward and `.grad =` ops issued so far.
+  uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t);
+  void note_grads(uint32_t node, const torch::jit::Stack& args, const torch::jit::Stack& returns,
+                  bool traced);
 
   Mode mode_ = Mode::Off;
   Graph* graph_ = nullptr;
@@ -137,6 +142,12 @@ class PythonRunner {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   uint64_t last_external_write_ = 0;
   int paused_ = 0;
+  // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown).
+  struct GradState {
+    c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
+    bool defined;
+  };
+  std::unordered_map<const c10::TensorImpl*, GradState> grad_defined_;
   std::unordered_map<const c10::FunctionSchema*, bool> passthrough_;
   std::unique_ptr<GraphRunner> runner_;
   std::map<std::string, std::unique_ptr<Graph>> graphs_;

@@ -55,22 +55,93 @@ uint64_t hash_object(PyObject* o, uint64_t h, int depth = 0) {
   return h;
 }
 
+struct CodeInfo {
+  uint64_t hash = 0;
+  // Code unit index -> index of the instruction it belongs to. The interpreter's frame points at
+  // the unit before the next instruction, which moves into inline caches once a call site is
+  // specialised; normalising to the instruction keeps a call site's position stable.
+  std::vector<uint32_t> start;
+};
+
+// Number of inline cache units after each opcode, from the interpreter's own `opcode` module, and
+// the opcode of PRECALL (Python 3.11 only; -1 elsewhere): a specialised PRECALL makes the call
+// itself, an unspecialised one leaves it to the CALL that follows, so the two are one position.
+int precall_opcode = -1;
+
+const std::vector<int>& cache_entries() {
+  static std::vector<int> entries = [] {
+    std::vector<int> out(256, 0);
+    PyObject* mod = PyImport_ImportModule("opcode");
+    PyObject* opmap = mod ? PyObject_GetAttrString(mod, "opmap") : nullptr;
+    PyObject* precall = opmap ? PyDict_GetItemString(opmap, "PRECALL") : nullptr;
+    if (precall) precall_opcode = static_cast<int>(PyLong_AsLong(precall));
+    Py_XDECREF(opmap);
+    PyObject* list = mod ? PyObject_GetAttrString(mod, "_inline_cache_entries") : nullptr;
+    if (list && PySequence_Check(list)) {
+      for (Py_ssize_t i = 0; i < PySequence_Size(list) && i < 256; ++i) {
+        PyObject* v = PySequence_GetItem(list, i);
+        out[static_cast<size_t>(i)] = v ? static_cast<int>(PyLong_AsLong(v)) : 0;
+        Py_XDECREF(v);
+      }
+    }
+    Py_XDECREF(list);
+    Py_XDECREF(mod);
+    PyErr_Clear();
+    return out;
+  }();
+  return entries;
+}
+
+std::vector<uint32_t> instruction_starts(PyCodeObject* code) {
+  std::vector<uint32_t> start;
+  PyObject* bytes = PyCode_GetCode(code);  // de-specialised bytecode
+  if (!bytes) {
+    PyErr_Clear();
+    return start;
+  }
+  const auto* units = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(bytes));
+  const size_t n = static_cast<size_t>(PyBytes_GET_SIZE(bytes)) / 2;
+  start.resize(n);
+  const int extended_arg = 144;
+  size_t i = 0;
+  while (i < n) {
+    size_t first = i;
+    while (i < n && units[2 * i] == extended_arg) ++i;
+    size_t end = i + 1 + (i < n ? static_cast<size_t>(cache_entries()[units[2 * i]]) : 0);
+    if (i < n && units[2 * i] == precall_opcode && end < n)  // and the CALL after it
+      end += 1 + static_cast<size_t>(cache_entries()[units[2 * end]]);
+    for (size_t k = first; k < end && k < n; ++k) start[k] = static_cast<uint32_t>(first);
+    i = end;
+  }
+  Py_DECREF(bytes);
+  return start;
+}
+
 // Code object -> content hash, per thread (only the thread that runs the program under Terra walks
 // its stack, so no lock is needed). Entries hold a strong reference so an address is never reused
 // while cached; the map is never destroyed, since that would need the GIL at thread exit.
-std::unordered_map<const PyCodeObject*, uint64_t>& cache() {
-  thread_local auto* m = new std::unordered_map<const PyCodeObject*, uint64_t>();
+std::unordered_map<const PyCodeObject*, CodeInfo>& cache() {
+  thread_local auto* m = new std::unordered_map<const PyCodeObject*, CodeInfo>();
   return *m;
 }
 
-uint64_t code_hash(PyCodeObject* code) {
+const CodeInfo& code_info(PyCodeObject* code) {
   auto it = cache().find(code);
   if (it != cache().end()) return it->second;
   PyGILState_STATE gil = PyGILState_Ensure();
-  uint64_t h = hash_object(reinterpret_cast<PyObject*>(code), 0xcbf29ce484222325ULL);
-  if (cache().emplace(code, h).second) Py_INCREF(code);
+  CodeInfo info;
+  info.hash = hash_object(reinterpret_cast<PyObject*>(code), 0xcbf29ce484222325ULL);
+  info.start = instruction_starts(code);
+  auto [pos, added] = cache().emplace(code, std::move(info));
+  if (added) Py_INCREF(code);
   PyGILState_Release(gil);
-  return h;
+  return pos->second;
+}
+
+uint32_t instruction_of(const CodeInfo& info, int offset) {
+  if (offset < 0) return 0;
+  auto k = static_cast<size_t>(offset);
+  return k < info.start.size() ? info.start[k] : static_cast<uint32_t>(k);
 }
 
 _PyInterpreterFrame* top_frame() {
@@ -96,7 +167,8 @@ uint64_t PythonStack::hash(const void* root) {
   uint64_t h = 0x84222325cbf29ce4ULL;
   for (_PyInterpreterFrame* f = top_frame(); f; f = f->previous) {
     if (skip(f)) continue;
-    h = mix(mix(h, code_hash(f->f_code)), static_cast<uint64_t>(offset_of(f)));
+    const CodeInfo& info = code_info(f->f_code);
+    h = mix(mix(h, info.hash), instruction_of(info, offset_of(f)));
     if (f == root) break;
   }
   return h;
@@ -130,7 +202,7 @@ const void* PythonStack::caller(const void* frame) {
 }
 
 void PythonStack::clear_cache() {
-  for (auto& [code, h] : cache()) Py_DECREF(const_cast<PyCodeObject*>(code));
+  for (auto& [code, info] : cache()) Py_DECREF(const_cast<PyCodeObject*>(code));
   cache().clear();
 }
 

@@ -58,14 +58,23 @@ def _exit():
 builtins.__terra_mark__ = _C.mark
 
 
-@contextlib.contextmanager
-def coexecute(name="default"):
-    """Co-executes the block; iterations are marked with `terra.iteration()` inside it."""
-    _enter(name, depth=2)  # the frame that holds the `with` statement is the root
-    try:
-        yield
-    finally:
+class coexecute:
+    """Co-executes the block; iterations are marked with `terra.iteration()` inside it.
+
+    The frame that holds the `with` statement is the root of every op's location key, so it
+    must stay alive for the whole block (it does: it is running the block).
+    """
+
+    def __init__(self, name="default"):
+        self.name = name
+
+    def __enter__(self):
+        _enter(self.name, depth=2)
+        return self
+
+    def __exit__(self, *exc):
         _exit()
+        return False
 
 
 @contextlib.contextmanager
@@ -116,9 +125,11 @@ def run(fn, *args, **kwargs):
     iteration that calls them. Results, printed output and side effects are those of eager PyTorch.
     """
     target = _instrument(fn) or fn
-    name = getattr(fn, "__qualname__", repr(fn))
-    with coexecute(name):
+    _enter(getattr(fn, "__qualname__", repr(fn)), depth=1)  # root: this frame
+    try:
         return target(*args, **kwargs)
+    finally:
+        _exit()
 
 
 def sync():
