@@ -138,7 +138,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("active", [] { return R().active(); });
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
-  m.def("materialize", [](py::object t) { R().materialize(t.ptr()); },
+  m.def("materialize", [](py::object t) {
+    R().materialize(t.ptr());
+    if (PyErr_Occurred()) throw py::error_already_set();
+  },
         "Makes a placeholder an ordinary tensor (waits for its value).");
   m.def("pause", [] { R().pause(); });
   m.def("resume", [] { R().resume(); });

@@ -59,7 +59,8 @@ bool same_constant(const c10::IValue& a, const c10::IValue& b) {
       if (!same_constant(ea[i], eb[i])) return false;
     return true;
   }
-  if (a.isTensor() || b.isTensor()) return false;
+  if (a.isTensor() || b.isTensor())
+    return a.isTensor() && b.isTensor() && !a.toTensor().defined() && !b.toTensor().defined();
   return a.tagKind() == b.tagKind() && a == b;
 }
 
@@ -97,7 +98,10 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
     ArgSpec a;
-    if (v.isTensor()) {
+    if (v.isTensor() && !v.toTensor().defined()) {
+      a.kind = Kind::Constant;  // an undefined tensor: validated as such
+      a.constant = v;
+    } else if (v.isTensor()) {
       a.kind = Kind::Tensor;
       a.metas.push_back(TensorMeta::of(v.toTensor()));
       a.wrapped.push_back(v.toTensor().unsafeGetTensorImpl()->is_wrapped_number());

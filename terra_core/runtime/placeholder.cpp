@@ -1,5 +1,7 @@
 #include "placeholder.h"
 
+#include <torch/csrc/autograd/variable.h>
+
 #include <sstream>
 
 namespace terra::runtime {
@@ -32,6 +34,7 @@ c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::copy_detached(
 
 c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  if (filled_) return TensorImpl::shallow_copy_and_detach(version_counter, allow_tensor_metadata_change);
   auto impl = copy_detached(allow_tensor_metadata_change);
   impl->set_version_counter(version_counter);
   return impl;
@@ -39,9 +42,26 @@ c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::shallow_copy_and_detach(
 
 c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::shallow_copy_and_detach(
     c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  if (filled_)
+    return TensorImpl::shallow_copy_and_detach(std::move(version_counter), allow_tensor_metadata_change);
   auto impl = copy_detached(allow_tensor_metadata_change);
   impl->set_version_counter(std::move(version_counter));
   return impl;
+}
+
+void PlaceholderImpl::become(const at::Tensor& real) {
+  storage_ = real.storage();
+  storage_access_should_throw_ = false;
+  set_sizes_and_strides(real.sizes(), real.strides(), real.storage_offset());
+  set_version_counter(real.unsafeGetTensorImpl()->version_counter());
+  filled_ = true;
+  // The raw autograd fields, not grad_fn(): that accessor would re-check views made under
+  // no_grad and raise where eager execution never asks.
+  auto* meta = torch::autograd::impl::get_autograd_meta(real);
+  if (meta && meta->grad_fn_) {
+    at::Tensor self(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(this));
+    torch::autograd::impl::set_gradient_edge(self, {meta->grad_fn_, meta->output_nr_});
+  }
 }
 
 TensorMeta TensorMeta::of(const at::Tensor& t) {

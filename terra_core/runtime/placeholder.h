@@ -5,8 +5,8 @@
 // has executed the producing op. Metadata queries from Python need no synchronisation. Any path
 // that reaches the data of an unfilled placeholder throws a clear error instead of reading
 // garbage (storage access is disabled), so a missed synchronisation can never be a segfault.
-// Python-level fetches (`.item()`, printing, `.numpy()`) wait for the slot and then swap the real
-// tensor into the Python object, after which it is an ordinary tensor.
+// Python-level fetches (`.item()`, printing, `.numpy()`) wait for the slot and then fill the
+// placeholder with the real tensor's storage, after which it is an ordinary tensor.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -42,6 +42,11 @@ class PlaceholderImpl final : public c10::TensorImpl {
   const std::shared_ptr<AliasGroup>& group() const { return group_; }
   // `.data`/`.detach()`-style shallow copies keep the slot but read it detached.
   bool detached() const { return detached_; }
+  // Turns this placeholder into an ordinary tensor aliasing `real` (its computed value): same
+  // storage and version counter, and the same autograd edge, so the program can go on using it
+  // eagerly. Called in the Python thread once the value is ready.
+  void become(const at::Tensor& real);
+  bool filled() const { return filled_; }
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -56,6 +61,7 @@ class PlaceholderImpl final : public c10::TensorImpl {
   std::shared_ptr<Slot> slot_;
   std::shared_ptr<AliasGroup> group_;
   bool detached_;
+  bool filled_ = false;
 };
 
 // Metadata a placeholder is made from (recorded at trace time).
@@ -78,7 +84,9 @@ at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
 
 inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();
-  return typeid(*impl) == typeid(PlaceholderImpl) ? static_cast<PlaceholderImpl*>(impl) : nullptr;
+  if (typeid(*impl) != typeid(PlaceholderImpl)) return nullptr;
+  auto* p = static_cast<PlaceholderImpl*>(impl);
+  return p->filled() ? nullptr : p;
 }
 
 // The real tensor behind a filled placeholder (detached if the placeholder is a detached copy).

@@ -106,12 +106,20 @@ class GilReleased {
   TORCH_CHECK(false, msg);
 }
 
+// The op and the innermost frame of the user's own code (not PyTorch's or Terra's).
 std::string where(const Node& n) {
   std::string s = n.tmpl.name;
+  const SourceFrame* user = nullptr;
   for (const SourceFrame& f : n.tmpl.source) {
-    s += " at " + f.file + ":" + std::to_string(f.line);
-    break;
+    bool library = f.file.find("/torch/") != std::string::npos ||
+                   f.file.find("/terra/") != std::string::npos;
+    if (!library) {
+      user = &f;
+      break;
+    }
   }
+  if (!user && !n.tmpl.source.empty()) user = &n.tmpl.source.front();
+  if (user) s += " called at " + user->file + ":" + std::to_string(user->line) + " in " + user->function;
   return s;
 }
 
@@ -136,6 +144,13 @@ void Graph::add_edge(uint32_t from, uint32_t to) {
     }
   }
   nodes[from].succ.emplace_back(to, 1);
+}
+
+bool Graph::has_edge(uint32_t from, uint32_t to) const {
+  if (from == kNoNode) return true;
+  for (const auto& [node, count] : nodes[from].succ)
+    if (node == to) return true;
+  return false;
 }
 
 PythonRunner& PythonRunner::instance() {
@@ -335,6 +350,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   std::vector<const c10::TensorImpl*> inputs;
   torch::jit::Stack args_copy;
   if (kind != OpKind::Aten) args_copy = *stack;
+  if (kind == OpKind::Backward) snapshot_grads();
   if (node == kNoNode) {
     fresh = OpTemplate::record(kind, op, name, *stack);
     for (const c10::IValue& v : *stack)
@@ -397,11 +413,23 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
                              uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
   if (runner().failed()) raise_if_failed();
   uint32_t node = kNoNode;
+  bool fetched = false;
   std::string why;
   auto it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {
     if (kind == OpKind::GradRead) {
-      node = choose_grad_read(it->second, stack->at(0).toTensor());
+      const at::Tensor& t = stack->at(0).toTensor();
+      node = choose_grad_read(it->second, t);
+      if (node == kNoNode && !as_placeholder(t)) {
+        // Whether the gradient exists depends on the path the backward took: ask the GraphRunner.
+        wait_for(last_external_write_);
+        raise_if_failed();
+        grad_defined_.insert_or_assign(
+            t.unsafeGetTensorImpl(),
+            GradState{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t.grad().defined()});
+        node = choose_grad_read(it->second, t);
+        fetched = node != kNoNode;
+      }
       if (node == kNoNode) why = "whether .grad is defined here is not known";
     } else {
       for (uint32_t id : it->second) {
@@ -419,11 +447,24 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
             op_name);
     return false;
   }
+  if (!graph_->has_edge(cur_, node)) {
+    // Known op, new order: a path the graph has not covered (the .grad bookkeeping and
+    // placeholders' metadata are only trusted along recorded paths).
+    diverge("a branch the trace has not taken", op ? c10::toString(op->operator_name()) : name);
+    return false;
+  }
   const OpTemplate& t = graph_->nodes[node].tmpl;
   graph_->add_edge(cur_, node);
   cur_ = node;
   ++graph_->nodes[node].count;
   ++graph_->ops_coexecuted;
+  if (fetched) {
+    ++graph_->fetches;
+    torch::jit::Stack args = *stack;
+    exec(stack);
+    note_grads(node, args, *stack, /*traced=*/false);
+    return true;
+  }
   switch (t.mode) {
     case ExecMode::PythonNow:
       exec(stack);
@@ -445,22 +486,30 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
   return true;
 }
 
+void PythonRunner::snapshot_grads() {
+  grads_before_.clear();
+  for (auto& [impl, state] : grad_defined_) {
+    at::Tensor x(state.leaf.lock());
+    if (!x.defined() || x.unsafeGetTensorImpl() != impl) continue;
+    const at::Tensor& g = x.grad();
+    if (g.defined()) grads_before_[impl] = {g.unsafeGetTensorImpl(), g._version()};
+  }
+}
+
 uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
                                         const at::Tensor& t) {
   const at::Tensor base = as_placeholder(t) ? at::Tensor() : t;
   auto known = base.defined() ? grad_defined_.find(base.unsafeGetTensorImpl()) : grad_defined_.end();
   if (known != grad_defined_.end() && known->second.leaf.lock().get() != base.unsafeGetTensorImpl())
     known = grad_defined_.end();  // a dead tensor's address, reused
-  uint32_t found = kNoNode;
-  int matching = 0;
+  if (known == grad_defined_.end()) return kNoNode;  // not known here: the caller fetches it
   for (uint32_t id : candidates) {
     const OpTemplate& c = graph_->nodes[id].tmpl;
-    if (c.kind != OpKind::GradRead || !c.matches({t}, nullptr)) continue;
-    ++matching;
-    if (known != grad_defined_.end() && c.outs.at(0).none == !known->second.defined) return id;
-    found = id;
+    if (c.kind == OpKind::GradRead && c.matches({t}, nullptr) &&
+        c.outs.at(0).none == !known->second.defined)
+      return id;
   }
-  return matching == 1 && known == grad_defined_.end() ? found : kNoNode;
+  return kNoNode;
 }
 
 void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
@@ -480,19 +529,41 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
       break;
     case OpKind::Backward:
       if (traced) {
-        // Observe which of the leaves the program looks at got a gradient.
-        t.grads_after.clear();
+        // Observe which of the leaves the program looks at this backward reached (gradient
+        // created or accumulated). If that differs between traces (the forward took another
+        // path), it is not known in advance.
+        std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> reached;
         for (auto& [impl, state] : grad_defined_) {
           at::Tensor x(state.leaf.lock());
           if (!x.defined() || x.unsafeGetTensorImpl() != impl) continue;
-          state.defined = x.grad().defined();
-          if (state.defined) t.grads_after.push_back(state.leaf);
+          const at::Tensor& g = x.grad();
+          state.defined = g.defined();
+          auto before = grads_before_.find(impl);
+          bool changed = g.defined() && (before == grads_before_.end() ||
+                                         before->second.first != g.unsafeGetTensorImpl() ||
+                                         before->second.second != g._version());
+          if (changed) reached.push_back(state.leaf);
         }
-      } else {
+        std::sort(reached.begin(), reached.end(), [](const auto& a, const auto& b) {
+          return a._unsafe_get_target() < b._unsafe_get_target();
+        });
+        auto same = [](const auto& a, const auto& b) {
+          if (a.size() != b.size()) return false;
+          for (size_t i = 0; i < a.size(); ++i)
+            if (a[i]._unsafe_get_target() != b[i]._unsafe_get_target()) return false;
+          return true;
+        };
+        if (t.backward_traced && !same(reached, t.grads_after)) t.grads_after_stable = false;
+        t.backward_traced = true;
+        t.grads_after = std::move(reached);
+      } else if (t.grads_after_stable) {
         for (auto& weak : t.grads_after) {
           at::Tensor x(weak.lock());
           if (x.defined()) grad_defined_.insert_or_assign(x.unsafeGetTensorImpl(), GradState{weak, true});
         }
+      } else {
+        for (auto pos = grad_defined_.begin(); pos != grad_defined_.end();)
+          pos = pos->second.defined ? std::next(pos) : grad_defined_.erase(pos);
       }
       break;
     default:
@@ -637,46 +708,25 @@ void PythonRunner::leave_coexec() {
 }
 
 void PythonRunner::materialize_all() {
-  PyGILState_STATE gil = PyGILState_Ensure();
   for (auto& weak : live_) {
     at::Tensor t(weak.lock());
-    if (!t.defined() || !as_placeholder(t)) continue;
-    PyObject* obj = t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-    if (obj) {
-      Py_INCREF(obj);
-      materialize(obj);
-      Py_DECREF(obj);
-      if (PyErr_Occurred()) PyErr_Clear();
-    }
+    if (t.defined()) fill(t);
   }
   live_.clear();
-  PyGILState_Release(gil);
 }
 
-void PythonRunner::materialize(PyObject* obj) {
-  if (!THPVariable_Check(obj)) return;
-  const at::Tensor& t = THPVariable_Unpack(obj);
+void PythonRunner::fill(const at::Tensor& t) {
   auto* p = as_placeholder(t);
   if (!p) return;
   wait_for(needed_seq(t));
   if (!p->slot()->value.defined()) return;  // never computed (the GraphRunner failed)
-  at::Tensor value = placeholder_value(*p);
-  if (value.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
-    // Already has a Python object (e.g. a parameter's .grad): hand out an alias instead.
-    c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
-    value = value.requires_grad() ? value.view_as(value) : value.detach();
-  }
-  static PyObject* swap = [] {
-    PyObject* c = PyImport_ImportModule("torch._C");
-    PyObject* f = c ? PyObject_GetAttrString(c, "_swap_tensor_impl") : nullptr;
-    Py_XDECREF(c);
-    return f;
-  }();
-  PyObject* fresh = THPVariable_Wrap(value);
-  if (!fresh || !swap) return;
-  PyObject* r = PyObject_CallFunctionObjArgs(swap, obj, fresh, nullptr);
-  Py_XDECREF(r);
-  Py_DECREF(fresh);
+  p->become(placeholder_value(*p));
+}
+
+void PythonRunner::materialize(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return;
+  fill(THPVariable_Unpack(obj));
+  raise_if_failed();
 }
 
 void PythonRunner::sync() {

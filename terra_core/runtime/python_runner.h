@@ -68,6 +68,7 @@ struct Graph {
 
   uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
   void add_edge(uint32_t from, uint32_t to);
+  bool has_edge(uint32_t from, uint32_t to) const;
 };
 
 class PythonRunner {
@@ -118,6 +119,7 @@ class PythonRunner {
   void begin_iteration(uint64_t boundary);
   void leave_coexec();
   void materialize_all();
+  void fill(const at::Tensor& placeholder);
   void wait_for(uint64_t seq);
   void raise_if_failed();
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
@@ -148,6 +150,9 @@ class PythonRunner {
     bool defined;
   };
   std::unordered_map<const c10::TensorImpl*, GradState> grad_defined_;
+  // Before a traced backward: each known leaf's gradient (tensor and version), to see which it reached.
+  std::unordered_map<const c10::TensorImpl*, std::pair<const c10::TensorImpl*, int64_t>> grads_before_;
+  void snapshot_grads();
   std::unordered_map<const c10::FunctionSchema*, bool> passthrough_;
   std::unique_ptr<GraphRunner> runner_;
   std::map<std::string, std::unique_ptr<Graph>> graphs_;

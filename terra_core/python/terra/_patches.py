@@ -7,7 +7,9 @@ session is open (and restored exactly afterwards):
 - `Tensor.grad` (get/set): reads and writes of gradients are pseudo-ops too, ordered with the ops;
 - reading data from Python (`repr`/`format`/`numpy`/`tolist`/`__array__`/`data_ptr`/pickling):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
-- the global RNG state (`manual_seed`, `get_rng_state`, ...): wait for the GraphRunner first.
+- the global RNG state (`manual_seed`, `get_rng_state`, ...) and tensor attributes changed in
+  place from Python (`requires_grad_`, `.requires_grad =`, `.data =`): wait for the GraphRunner
+  first, since ops already issued must see the old state.
 """
 import functools
 
@@ -73,6 +75,14 @@ def _set(owner, name, value):
 _MISSING = object()
 
 
+def _synced_setter(descriptor):
+    def setter(self, value):
+        _C.sync()
+        descriptor.__set__(self, value)
+
+    return property(descriptor.__get__, setter, None, descriptor.__doc__)
+
+
 def install():
     if _saved:
         return
@@ -80,6 +90,9 @@ def install():
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
+    _set(torch.Tensor, "requires_grad_", _synced(torch.Tensor.requires_grad_))
+    for name in ("requires_grad", "data"):
+        _set(torch.Tensor, name, _synced_setter(getattr(torch._C.TensorBase, name)))
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))
