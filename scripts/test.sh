@@ -13,6 +13,9 @@ ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 echo "== Python tests (pytest)"
 export JUPYTER_PATH="$root/.venv/share/jupyter"
+# Two cores shared by the program thread, the GraphRunner and OpenMP: spinning OpenMP workers
+# would steal them from each other.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 status=0
 .venv/bin/python -m pytest tests "$@" || status=$?
 

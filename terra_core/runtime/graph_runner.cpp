@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -95,6 +96,7 @@ void GraphRunner::reclaim() {
 }
 
 void GraphRunner::wait_for(uint64_t seq) {
+  seq = std::min(seq, issued_);  // never wait for an item that was not issued
   if (done() >= seq) return;
   for (int i = 0; i < 200 && done() < seq; ++i) std::this_thread::yield();
   if (done() >= seq) return;
@@ -149,7 +151,9 @@ void GraphRunner::loop() {
       busy_ns_.fetch_add(static_cast<uint64_t>(now_ns() - t0), std::memory_order_relaxed);
     }
     ++next;
-    done_.store(next, std::memory_order_release);
+    // seq_cst, like `waiters_`: a waiter that registered after this store must see it, and one
+    // registered before it must be seen here (no store-load reordering between the two).
+    done_.store(next);
     if (waiters_.load() > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       done_cv_.notify_all();
