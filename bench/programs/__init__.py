@@ -1,0 +1,14 @@
+"""Benchmark programs after the Terra paper's evaluation (see _common.py for the interface)."""
+PROGRAMS = [
+    "dcgan",
+    "resnet",
+    "gpt",
+    "bert",
+    "stochastic_depth",
+    "stochastic_downsampling",
+    "dropblock",
+    "music_transformer",
+    "detector_numpy_nms",
+    "rnn_lengths",
+    "rl_cartpole",
+]
