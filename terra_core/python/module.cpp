@@ -125,13 +125,20 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = terra::version();
   PythonRunner::install_dispatch_hook();
 
-  m.def("enter", [](const std::string& name, int depth) {
-    const void* root = terra::runtime::PythonStack::current_frame();
-    for (int i = 0; i < depth && root; ++i) root = terra::runtime::PythonStack::caller(root);
+  m.def("enter", [](const std::string& name, int depth, py::object stop_code) {
+    terra::runtime::PythonStack::Root root;
+    if (stop_code.is_none()) {
+      root.frame = terra::runtime::PythonStack::current_frame();
+      for (int i = 0; i < depth && root.frame; ++i)
+        root.frame = terra::runtime::PythonStack::caller(root.frame);
+    } else {
+      root.stop_code = stop_code.ptr();  // the caller keeps the code object alive
+    }
     R().enter(graph_named(name), root);
-  }, py::arg("name"), py::arg("depth") = 0,
-        "Starts co-execution on this thread; the frame `depth` levels above the caller's is the "
-        "root whose loops mark iterations.");
+  }, py::arg("name"), py::arg("depth") = 0, py::arg("stop_code") = py::none(),
+        "Starts co-execution on this thread. Ops are keyed by the call stack up to the frame "
+        "`depth` levels above the caller's, or, with `stop_code`, up to (not including) the "
+        "first frame running that code object.");
   m.def("exit", [] { R().exit(); }, "Ends co-execution: waits for the GraphRunner, makes every "
         "placeholder a real tensor, raises a pending GraphRunner error.");
   m.def("mark", [](uint64_t boundary) { R().mark(boundary); }, "An iteration boundary.");

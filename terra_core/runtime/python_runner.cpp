@@ -181,7 +181,7 @@ const char* PythonRunner::mode_name() const {
   return "?";
 }
 
-void PythonRunner::enter(Graph* graph, const void* root) {
+void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
   graph_ = graph;
   root_ = root;
@@ -200,7 +200,7 @@ void PythonRunner::exit() {
   grad_defined_.clear();
   raise_if_failed();
   graph_ = nullptr;
-  root_ = nullptr;
+  root_ = {};
 }
 
 void PythonRunner::pause() {
@@ -725,7 +725,12 @@ void PythonRunner::fill(const at::Tensor& t) {
 
 void PythonRunner::materialize(PyObject* obj) {
   if (!THPVariable_Check(obj)) return;
-  fill(THPVariable_Unpack(obj));
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (as_placeholder(t)) {
+    fill(t);
+  } else {
+    wait_for(needed_seq(t));  // a real tensor (a parameter, say) may have writes in flight
+  }
   raise_if_failed();
 }
 

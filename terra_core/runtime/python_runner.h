@@ -26,6 +26,7 @@
 
 #include "graph_runner.h"
 #include "op_template.h"
+#include "python_stack.h"
 
 namespace terra::runtime {
 
@@ -76,8 +77,8 @@ class PythonRunner {
   static PythonRunner& instance();
   static void install_dispatch_hook();
 
-  // Session control, called with the GIL held. `root` is the frame whose loops mark iterations.
-  void enter(Graph* graph, const void* root);
+  // Session control, called with the GIL held. `root` bounds the call stacks that key the ops.
+  void enter(Graph* graph, PythonStack::Root root);
   void exit();
   bool active() const { return mode_ != Mode::Off; }
   void mark(uint64_t boundary);
@@ -133,7 +134,7 @@ class PythonRunner {
 
   Mode mode_ = Mode::Off;
   Graph* graph_ = nullptr;
-  const void* root_ = nullptr;
+  PythonStack::Root root_;
   Policy policy_;
   uint32_t cur_ = 0;
   uint64_t boundary_ = 0;

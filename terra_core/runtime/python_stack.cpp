@@ -163,22 +163,24 @@ int offset_of(const _PyInterpreterFrame* f) {
 
 }  // namespace
 
-uint64_t PythonStack::hash(const void* root) {
+uint64_t PythonStack::hash(const Root& root) {
   uint64_t h = 0x84222325cbf29ce4ULL;
   for (_PyInterpreterFrame* f = top_frame(); f; f = f->previous) {
     if (skip(f)) continue;
+    if (f->f_code == root.stop_code) break;
     const CodeInfo& info = code_info(f->f_code);
     h = mix(mix(h, info.hash), instruction_of(info, offset_of(f)));
-    if (f == root) break;
+    if (f == root.frame) break;
   }
   return h;
 }
 
-std::vector<SourceFrame> PythonStack::describe(const void* root, size_t max_frames) {
+std::vector<SourceFrame> PythonStack::describe(const Root& root, size_t max_frames) {
   std::vector<SourceFrame> out;
   PyGILState_STATE gil = PyGILState_Ensure();
   for (_PyInterpreterFrame* f = top_frame(); f && out.size() < max_frames; f = f->previous) {
     if (skip(f)) continue;
+    if (f->f_code == root.stop_code) break;
     SourceFrame s;
     const char* file = PyUnicode_AsUTF8(f->f_code->co_filename);
     const char* fn = PyUnicode_AsUTF8(f->f_code->co_qualname);
@@ -187,7 +189,7 @@ std::vector<SourceFrame> PythonStack::describe(const void* root, size_t max_fram
     s.function = fn ? fn : "?";
     s.line = PyCode_Addr2Line(f->f_code, offset_of(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
     out.push_back(std::move(s));
-    if (f == root) break;
+    if (f == root.frame) break;
   }
   PyGILState_Release(gil);
   return out;

@@ -23,11 +23,17 @@ struct SourceFrame {
 
 class PythonStack {
  public:
-  // Frames from the current one up to and including `root` (or the whole stack if root is null).
-  // `root` is an opaque frame pointer obtained from `current_frame()`.
-  static uint64_t hash(const void* root);
+  // Where the walk stops: at `frame` (included; an opaque pointer from `current_frame()`), or
+  // before the first frame running `stop_code` (a code object; excluded). In a notebook the
+  // latter is IPython's run_code, so each cell statement's own frame is the outermost one.
+  struct Root {
+    const void* frame = nullptr;
+    const void* stop_code = nullptr;
+  };
+  // Frames from the current one up to the root (the whole stack if neither is set).
+  static uint64_t hash(const Root& root);
   // The same frames as readable source positions, innermost first (takes the GIL).
-  static std::vector<SourceFrame> describe(const void* root, size_t max_frames = 8);
+  static std::vector<SourceFrame> describe(const Root& root, size_t max_frames = 8);
   // The calling Python frame, and the frame that called a given one.
   static const void* current_frame();
   static const void* caller(const void* frame);
