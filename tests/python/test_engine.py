@@ -1,0 +1,180 @@
+"""Engine behaviours, each compared against eager PyTorch in the same process.
+
+The corpus (test_corpus.py) covers whole programs; these tests pin single mechanisms: co-execution
+actually happening, divergence and its explanation, errors raised by ops in the GraphRunner,
+exceptions and KeyboardInterrupt in the middle of a co-executed iteration, placeholders that
+outlive the session, and the explicit `coexecute`/`iteration` API.
+"""
+import pytest
+import torch
+
+import terra
+
+
+@pytest.fixture(autouse=True)
+def fresh_graphs():
+    terra.reset()
+    yield
+    terra.reset()
+
+
+def train(steps, lr=0.1, log=None, branch_at=None, raise_at=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        out = model(x)
+        if branch_at is not None and step >= branch_at:
+            out = out * 2.0 - 1.0  # a path the early iterations never took
+        loss = torch.nn.functional.mse_loss(out, y)
+        if raise_at is not None and step == raise_at:
+            raise ValueError(f"stop at {step}")
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        if log is not None:
+            log.append(f"{loss.item():.6f}")
+    return model, losses
+
+
+def same_params(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_steady_state_is_coexecuted_and_bitwise_equal():
+    eager, eager_losses = train(30)
+    model, losses = terra.run(train, 30)
+    assert same_params(eager, model)
+    assert all(torch.equal(a, b) for a, b in zip(eager_losses, losses))
+    stats = terra.stats("train")
+    assert stats["iterations_coexecuted"] >= 25, stats
+    assert stats["ops_coexecuted"] > stats["ops_traced"], stats
+
+
+def test_placeholders_kept_past_the_session_become_real_tensors():
+    _, losses = terra.run(train, 12)
+    eager = train(12)[1]
+    # Each kept loss is a tensor whose value is readable after the session ended.
+    assert [float(x) for x in losses] == [float(x) for x in eager]
+    assert losses[-1].data_ptr() != 0
+
+
+def test_new_branch_diverges_with_a_reason_and_stays_correct():
+    eager, _ = train(20, branch_at=12)
+    model, _ = terra.run(train, 20, branch_at=12)
+    assert same_params(eager, model)
+    stats = terra.stats("train")
+    assert stats["iterations_fallback"] >= 1 and stats["fallbacks"] >= 1, stats
+    reasons = terra.explain("train")
+    assert any("trace" in r["reason"] for r in reasons), reasons
+    where = reasons[0]["where"]
+    assert where is not None and where[0].endswith("test_engine.py"), reasons
+
+
+def test_python_scalars_are_feeds_not_constants():
+    # A learning rate that changes after warm-up must not force a re-trace.
+    eager, _ = train(10, lr=0.05)
+    terra.run(train, 10, lr=0.1)  # records the graph with another lr
+    model, _ = terra.run(train, 10, lr=0.05)
+    assert same_params(eager, model)
+
+
+KEPT = {}
+
+
+def run_and_keep(steps, raise_at):
+    """The training loop, keeping its model where the test can see it after an exception."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    KEPT["model"] = model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if step == raise_at:
+            raise ValueError(f"stop at {step}")
+        loss.backward()
+        opt.step()
+
+
+def test_exception_mid_iteration_leaves_eager_state():
+    with pytest.raises(ValueError, match="stop at 15"):
+        run_and_keep(20, 15)
+    eager_model = KEPT["model"]
+    with pytest.raises(ValueError, match="stop at 15"):
+        terra.run(run_and_keep, 20, 15)
+    assert terra.stats("run_and_keep")["iterations_coexecuted"] > 0
+    assert same_params(eager_model, KEPT["model"])
+
+
+def index_error_program(bad_step):
+    torch.manual_seed(0)
+    table = torch.randn(10, 4, requires_grad=True)
+    total = torch.zeros(())
+    for step in range(12):
+        idx = torch.tensor([step % 10 if step != bad_step else 50])
+        total = total + table.index_select(0, idx).sum()
+    return total
+
+
+def test_op_error_in_graphrunner_raises_same_exception_type():
+    with pytest.raises(IndexError) as eager_error:
+        index_error_program(9)
+    with pytest.raises(IndexError) as terra_error:
+        terra.run(index_error_program, 9)
+    assert "index out of range" in str(eager_error.value)
+    assert "index out of range" in str(terra_error.value)
+    assert "index_error_program" in str(terra_error.value) or "test_engine.py" in str(terra_error.value)
+    # The engine is usable afterwards.
+    assert float(terra.run(index_error_program, -1)) == float(index_error_program(-1))
+
+
+def interrupted(steps, stop):
+    torch.manual_seed(0)
+    w = torch.zeros(8, requires_grad=True)
+    KEPT["w"] = w
+    opt = torch.optim.SGD([w], lr=0.01)
+    x = torch.randn(64, 8)
+    for step in range(steps):
+        opt.zero_grad()
+        (x @ w - 1.0).pow(2).mean().backward()
+        opt.step()
+        if step == stop:
+            raise KeyboardInterrupt
+
+
+def test_keyboard_interrupt_leaves_state_as_eager():
+    with pytest.raises(KeyboardInterrupt):
+        interrupted(40, 25)
+    eager_w = KEPT["w"].detach().clone()
+    with pytest.raises(KeyboardInterrupt):
+        terra.run(interrupted, 40, 25)
+    assert terra.stats("interrupted")["iterations_coexecuted"] > 0
+    assert torch.equal(eager_w, KEPT["w"].detach())
+    assert not terra._C.active()
+
+
+def test_coexecute_block_with_explicit_iterations():
+    torch.manual_seed(0)
+    w = torch.randn(5, 5)
+    eager = w.clone()
+    for _ in range(10):
+        eager = torch.tanh(eager @ w) + 0.5
+    out = w.clone()
+    with terra.coexecute("block"):
+        for _ in range(10):
+            with terra.iteration():
+                out = torch.tanh(out @ w) + 0.5
+    assert torch.equal(out, eager)
+    assert terra.stats("block")["iterations_coexecuted"] >= 5
+
+
+def test_patches_are_removed_after_the_session():
+    grad_before = torch.Tensor.__dict__.get("grad")
+    terra.run(train, 3)
+    assert torch.Tensor.__dict__.get("grad") is grad_before
+    assert torch.autograd._engine_run_backward.__module__ == "torch.autograd.graph"
