@@ -16,27 +16,53 @@ PyTorch.
 import ast
 import builtins
 import contextlib
+import importlib
 import inspect
 import sys
 import textwrap
 import threading
 
-import torch  # noqa: F401  (loads LibTorch before the extension that links it)
+from . import _loops
 
-from . import _C, _loops, _patches
-
-__version__ = _C.__version__
 __all__ = ["run", "coexecute", "iteration", "sync", "stats", "explain", "reset", "config"]
 
 _depth = threading.local()
 
 
-def _enter(name, depth=1):
+def _c():
+    """The engine (terra._C). It links LibTorch, so it is loaded on first use: `import terra`
+    (and the kernel's loop marking) costs nothing until a program touches it."""
+    module = sys.modules.get(f"{__name__}._C")
+    if module is None:
+        importlib.import_module("torch")
+        module = importlib.import_module(f"{__name__}._C")
+    return module
+
+
+def _patches_module():
+    return importlib.import_module(f"{__name__}._patches")
+
+
+def __getattr__(name):
+    if name in ("_C", "_patches"):
+        _c()
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "__version__":
+        return _c().__version__
+    raise AttributeError(f"module 'terra' has no attribute {name!r}")
+
+
+def _enter(name, depth=1, stop_code=None):
+    """Opens a session; ops are keyed by their stack up to the frame `depth` above the caller of
+    this function, or (with `stop_code`) up to the first frame running that code object."""
     if getattr(_depth, "n", 0) == 0:
-        _patches.install()
+        _patches_module().install()
     _depth.n = getattr(_depth, "n", 0) + 1
     try:
-        _C.enter(name, depth)
+        if stop_code is not None:
+            _c().enter(name, 0, stop_code)
+        else:
+            _c().enter(name, depth)
     except BaseException:
         _leave_patches()
         raise
@@ -45,17 +71,24 @@ def _enter(name, depth=1):
 def _leave_patches():
     _depth.n -= 1
     if _depth.n == 0:
-        _patches.uninstall()
+        _patches_module().uninstall()
 
 
 def _exit():
     try:
-        _C.exit()
+        _c().exit()
     finally:
         _leave_patches()
 
 
-builtins.__terra_mark__ = _C.mark
+def _mark(boundary):
+    engine = sys.modules.get(f"{__name__}._C")
+    if engine is not None:
+        engine.mark(boundary)
+
+
+if not hasattr(builtins, _loops.MARK):  # a host (the Terra kernel) may have its own
+    setattr(builtins, _loops.MARK, _mark)
 
 
 class coexecute:
@@ -82,11 +115,11 @@ def iteration():
     """Marks one iteration of a loop inside `coexecute`."""
     caller = sys._getframe(2)
     loop_id = _loops.stable_id(caller.f_code.co_qualname, caller.f_code.co_filename, caller.f_lineno)
-    _C.mark(loop_id)
+    _c().mark(loop_id)
     try:
         yield
     finally:
-        _C.mark(loop_id ^ _loops.EXIT)
+        _c().mark(loop_id ^ _loops.EXIT)
 
 
 _instrumented = {}
@@ -134,16 +167,16 @@ def run(fn, *args, **kwargs):
 
 def sync():
     """Waits until every op issued so far has been executed."""
-    _C.sync()
+    _c().sync()
 
 
 def stats(name=None):
     """Counters of one graph (by name), or of all graphs summed when name is None."""
     if name is not None:
-        return _C.stats(name)
+        return _c().stats(name)
     total = {}
-    for graph in _C.graphs():
-        for key, value in _C.stats(graph).items():
+    for graph in _c().graphs():
+        for key, value in _c().stats(graph).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
     return total
@@ -151,10 +184,10 @@ def stats(name=None):
 
 def explain(name=None):
     """Every fallback to eager execution: reason, op, count and the user's source line."""
-    names = [name] if name is not None else _C.graphs()
+    names = [name] if name is not None else _c().graphs()
     out = []
     for graph in names:
-        for f in _C.fallbacks(graph):
+        for f in _c().fallbacks(graph):
             user = next((fr for fr in f["source"] if "/torch/" not in fr[0] and "/terra/" not in fr[0]),
                         f["source"][0] if f["source"] else None)
             out.append(dict(f, graph=graph, where=user))
@@ -163,9 +196,9 @@ def explain(name=None):
 
 def reset(name=None):
     """Drops recorded graphs (all, or one by name)."""
-    _C.reset(name)
+    _c().reset(name)
 
 
 def config(**settings):
     """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled."""
-    return _C.policy(**settings)
+    return _c().policy(**settings)
