@@ -2,6 +2,7 @@
 
 #include "op_template.h"
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
@@ -58,6 +59,10 @@ int64_t now_ns() {
 }
 
 }  // namespace
+
+void advance_sequence(uint64_t floor) {
+  while (at::sequence_number::peek() < floor) at::sequence_number::get_and_increment();
+}
 
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity) {
   thread_ = std::thread([this] { loop(); });
@@ -162,6 +167,11 @@ void GraphRunner::loop() {
 }
 
 void GraphRunner::execute(WorkItem& item) {
+  advance_sequence(item.sequence_floor);
+  struct Publish {
+    std::atomic<uint64_t>& to;
+    ~Publish() { to.store(at::sequence_number::peek(), std::memory_order_release); }
+  } publish{sequence_};
   at::AutoGradMode grad(item.grad_mode);
   std::optional<c10::InferenceMode> inference;
   if (item.inference_mode) inference.emplace();

@@ -47,6 +47,7 @@ struct WorkItem {
   std::vector<std::shared_ptr<Slot>> outs;  // slots of the placeholders handed out, by return index
   const std::vector<OutSpec>* expect = nullptr;  // traced metadata of those outputs
   uint32_t node = 0;                        // TraceGraph node, for error reports
+  uint64_t sequence_floor = 0;              // autograd sequence number of the issuing thread
   void clear() {
     args.clear();
     outs.clear();
@@ -59,6 +60,13 @@ struct RunnerError {
   std::string message;
   uint32_t node = 0;
 };
+
+// Autograd orders the nodes of a backward pass by their sequence numbers, which each thread
+// counts on its own. Nodes made by the GraphRunner and by the Python thread (while tracing) meet
+// in one autograd graph, so both counters are kept moving forward together: a thread about to
+// make nodes first advances its counter past the other's. The relative order of all nodes is
+// then their creation order, as in eager execution, and so is the order gradients accumulate in.
+void advance_sequence(uint64_t floor);
 
 class GraphRunner {
  public:
@@ -84,6 +92,8 @@ class GraphRunner {
   // Takes the pending error (Python thread, after a wait); the runner resumes normal work.
   RunnerError take_error();
 
+  // The autograd sequence number the GraphRunner thread has reached (see advance_sequence).
+  uint64_t sequence() const { return sequence_.load(std::memory_order_acquire); }
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
 
@@ -99,6 +109,7 @@ class GraphRunner {
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> busy_ns_{0};
+  std::atomic<uint64_t> sequence_{0};
   RunnerError error_;
   std::mutex mutex_;
   std::condition_variable work_cv_;

@@ -1,5 +1,6 @@
 #include "python_runner.h"
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -194,6 +195,7 @@ void PythonRunner::exit() {
   if (mode_ == Mode::Off) return;
   end_iteration();
   if (mode_ == Mode::CoExec) leave_coexec();
+  if (runner_) advance_sequence(runner_->sequence());
   mode_ = Mode::Off;
   set_hook(false);
   live_.clear();
@@ -346,6 +348,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
       }
     }
   }
+  if (runner_) advance_sequence(runner_->sequence());
   OpTemplate fresh;
   std::vector<const c10::TensorImpl*> inputs;
   torch::jit::Stack args_copy;
@@ -591,6 +594,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->inference_mode = t.inference_mode;
   item->node = node_id;
   item->expect = &t.outs;
+  item->sequence_floor = at::sequence_number::peek();
 
   // Record writes so a later fetch waits for them.
   if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) last_external_write_ = seq;
@@ -670,6 +674,7 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
   wait_for(need);
   raise_if_failed();
   for (c10::IValue& v : *stack) v = resolved(v);
+  advance_sequence(runner().sequence());
   exec(stack);
 }
 
@@ -705,6 +710,7 @@ void PythonRunner::leave_coexec() {
   wait_for(runner_->issued());
   materialize_all();
   runner_->reclaim();
+  advance_sequence(runner_->sequence());  // the program continues eagerly from here
 }
 
 void PythonRunner::materialize_all() {

@@ -178,3 +178,30 @@ def test_patches_are_removed_after_the_session():
     terra.run(train, 3)
     assert torch.Tensor.__dict__.get("grad") is grad_before
     assert torch.autograd._engine_run_backward.__module__ == "torch.autograd.graph"
+
+
+def rnn_grads(steps):
+    """An RNN whose inner time loop is its own iteration: its timesteps co-execute while the
+    outer step is still traced, so one backward pass meets autograd nodes made by both threads."""
+    torch.manual_seed(0)
+    w_xh = torch.nn.Parameter(torch.randn(1, 8) * 0.3)
+    w_hh = torch.nn.Parameter(torch.randn(8, 8) * 0.3)
+    b = torch.nn.Parameter(torch.zeros(8))
+    grads = []
+    for _ in range(steps):
+        x = torch.rand(4, 5, 1)
+        h = torch.zeros(4, 8)
+        for t in range(x.shape[1]):
+            h = torch.tanh(x[:, t] @ w_xh + torch.addmm(b, h, w_hh))
+        for p in (w_xh, w_hh, b):
+            p.grad = None
+        h.pow(2).mean().backward()
+        grads.append([p.grad.clone() for p in (w_xh, w_hh, b)])
+    return grads
+
+
+def test_gradient_accumulation_order_matches_eager_across_threads():
+    eager = rnn_grads(6)
+    coexec = terra.run(rnn_grads, 6)
+    for step, (a, b) in enumerate(zip(eager, coexec)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}"

@@ -23,10 +23,13 @@ def _mark(loop_id):
 
 
 class LoopMarker(ast.NodeTransformer):
-    """Adds iteration boundaries to every loop; `scope` makes the ids unique per function/cell."""
+    """Adds iteration boundaries to every loop; `scope` makes the ids unique per function/cell.
+    With `into_functions`, loops in functions defined here are marked too (a notebook cell's
+    functions), otherwise nested definitions are left alone."""
 
-    def __init__(self, scope):
+    def __init__(self, scope, into_functions=False):
         self.scope = scope
+        self.into_functions = into_functions
         self.loops = 0
 
     def _loop(self, node):
@@ -39,15 +42,17 @@ class LoopMarker(ast.NodeTransformer):
 
     visit_For = visit_While = visit_AsyncFor = _loop
 
-    def _opaque(self, node):
+    def _definition(self, node):
+        if self.into_functions and not isinstance(node, ast.Lambda):
+            self.generic_visit(node)
         return node
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _opaque
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _definition
 
 
-def mark_loops(body, scope):
+def mark_loops(body, scope, into_functions=False):
     """Marks the loops of a list of statements in place; returns how many loops were marked."""
-    marker = LoopMarker(scope)
+    marker = LoopMarker(scope, into_functions)
     new_body = []
     for stmt in body:
         out = marker.visit(stmt)
