@@ -106,6 +106,7 @@ py::dict stats_of(const Graph& g) {
   d["ops_traced"] = g.ops_traced;
   d["ops_coexecuted"] = g.ops_coexecuted;
   d["fetches"] = g.fetches;
+  d["host_ops"] = g.host_ops;
   d["fallbacks"] = g.fallbacks.size();
   d["traced_seconds"] = g.traced_seconds;
   d["coexec_seconds"] = g.coexec_seconds;

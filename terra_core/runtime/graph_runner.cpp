@@ -2,6 +2,7 @@
 
 #include "op_template.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -168,6 +169,10 @@ void GraphRunner::loop() {
 
 void GraphRunner::execute(WorkItem& item) {
   advance_sequence(item.sequence_floor);
+  // Reductions split work by thread count: use the program thread's, so results are bitwise
+  // those of eager execution.
+  if (item.num_threads > 0 && at::get_num_threads() != item.num_threads)
+    at::set_num_threads(item.num_threads);
   struct Publish {
     std::atomic<uint64_t>& to;
     ~Publish() { to.store(at::sequence_number::peek(), std::memory_order_release); }

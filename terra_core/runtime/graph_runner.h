@@ -48,6 +48,7 @@ struct WorkItem {
   const std::vector<OutSpec>* expect = nullptr;  // traced metadata of those outputs
   uint32_t node = 0;                        // TraceGraph node, for error reports
   uint64_t sequence_floor = 0;              // autograd sequence number of the issuing thread
+  int num_threads = 0;                      // intra-op threads of the issuing thread
   void clear() {
     args.clear();
     outs.clear();

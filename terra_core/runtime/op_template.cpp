@@ -143,9 +143,9 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
         op->hasTag(at::Tag::data_dependent_output) || op->hasTag(at::Tag::inplace_view) ||
         index_by_mask) {
       t.mode = ExecMode::Fetch;
-    } else if (!any_tensor && !op->hasTag(at::Tag::nondeterministic_seeded)) {
-      t.mode = ExecMode::PythonNow;
     }
+    t.random = op->hasTag(at::Tag::nondeterministic_seeded);
+    if (t.mode != ExecMode::Fetch && !any_tensor && !t.random) t.mode = ExecMode::PythonNow;
   }
   return t;
 }
@@ -196,6 +196,8 @@ void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
       return_sizes.push_back(-3);
     }
   }
+  scalar_outputs = !outs.empty();
+  for (const OutSpec& o : outs) scalar_outputs = scalar_outputs && !o.none && o.meta.sizes.empty();
   // A view-like op that returned its own input (x.to(x.dtype), x.contiguous() of a contiguous x)
   // hands back the same tensor during co-execution and issues nothing.
   noop_alias = !mutates_input && !outs.empty();

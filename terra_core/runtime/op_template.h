@@ -56,6 +56,8 @@ struct OpTemplate {
   bool inference_mode = false;
   bool mutates_input = false;       // some argument is written (in-place / out=)
   bool noop_alias = false;          // returns only its own arguments and writes nothing
+  bool random = false;              // consumes the RNG (must stay in GraphRunner order)
+  bool scalar_outputs = false;      // every output is a 0-d tensor (host scalar candidate)
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
   std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other

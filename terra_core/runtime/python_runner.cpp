@@ -1,5 +1,6 @@
 #include "python_runner.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -54,6 +55,12 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
     for (const c10::IValue& e : v.toList())
       if (e.isTensor()) f(e.toTensor());
   }
+}
+
+// A real 0-d CPU tensor outside autograd: a host scalar candidate.
+bool host_scalar(const at::Tensor& t) {
+  return t.defined() && t.dim() == 0 && t.device().is_cpu() && !t.requires_grad() &&
+         !as_placeholder(t) && !t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
 bool has_placeholder(const torch::jit::Stack& stack) {
@@ -184,9 +191,11 @@ const char* PythonRunner::mode_name() const {
 
 void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
+  num_threads_ = at::get_num_threads();
   graph_ = graph;
   root_ = root;
   grad_defined_.clear();
+  scalar_use_.clear();
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }
@@ -477,6 +486,10 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
       run_fetch(t, stack, exec);
       break;
     case ExecMode::Graph:
+      if (kind == OpKind::Aten && t.scalar_outputs && !t.random && run_on_host(t, stack, exec)) {
+        ++graph_->host_ops;
+        break;
+      }
       if (kind != OpKind::Aten) {
         torch::jit::Stack args = *stack;
         issue(node, t, stack);
@@ -595,9 +608,20 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->node = node_id;
   item->expect = &t.outs;
   item->sequence_floor = at::sequence_number::peek();
+  item->num_threads = num_threads_;
 
   // Record writes so a later fetch waits for them.
   if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) last_external_write_ = seq;
+  if (t.op) {
+    const auto& schema_args = t.op->schema().arguments();
+    for (size_t i = 0; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (!v.isTensor() || !host_scalar(v.toTensor())) continue;
+      ScalarUse& use = scalar_use_[v.toTensor().storage().unsafeGetStorageImpl()];
+      const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
+      (info && info->isWrite() ? use.write : use.read) = seq;
+    }
+  }
   if (t.mutates_input && t.op) {
     const auto& schema_args = t.op->schema().arguments();
     for (size_t i = 0; i < schema_args.size() && i < stack->size(); ++i) {
@@ -660,11 +684,42 @@ uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
   for_each_tensor(v, [&](const at::Tensor& t) {
     if (auto* p = as_placeholder(t)) {
       need = std::max({need, p->slot()->seq, p->group() ? p->group()->last_write : last_external_write_});
+    } else if (host_scalar(t)) {
+      auto it = scalar_use_.find(t.storage().unsafeGetStorageImpl());
+      if (it != scalar_use_.end()) need = std::max(need, it->second.write);
     } else {
       need = std::max(need, last_external_write_);
     }
   });
   return need;
+}
+
+bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
+  if (getenv("TERRA_NO_HOST")) return false;
+  const auto& schema_args = t.op->schema().arguments();
+  uint64_t need = 0;
+  bool any = false;
+  for (size_t i = 0; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (!v.isTensor()) {
+      if (v.isTensorList() || v.isList()) return false;
+      continue;
+    }
+    const at::Tensor& x = v.toTensor();
+    if (x.unsafeGetTensorImpl()->is_wrapped_number()) continue;
+    if (!host_scalar(x)) return false;
+    any = true;
+    auto it = scalar_use_.find(x.storage().unsafeGetStorageImpl());
+    const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
+    if (info && info->isWrite() && it != scalar_use_.end()) return false;  // the runner uses it
+    if (it != scalar_use_.end()) need = std::max(need, it->second.write);
+  }
+  if (!any) return false;
+  if (getenv("TERRA_DEBUG")) fprintf(stderr, "host %s need %lu\n", t.name.c_str(), (unsigned long)need);
+  wait_for(need);
+  if (runner_) advance_sequence(runner_->sequence());
+  exec(stack);
+  return true;
 }
 
 void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {

@@ -63,7 +63,8 @@ struct Graph {
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
-           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0;
+           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
+           host_ops = 0;
   std::vector<Fallback> fallbacks;
   double traced_seconds = 0, coexec_seconds = 0;
 
@@ -144,7 +145,16 @@ class PythonRunner {
   std::unordered_map<uint64_t, uint32_t> occurrences_;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   uint64_t last_external_write_ = 0;
+  // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host
+  // scalars (Adam's step counter) that the GraphRunner never touches are updated and read in the
+  // Python thread at once, so `.item()` on them never waits.
+  struct ScalarUse {
+    uint64_t read = 0, write = 0;
+  };
+  std::unordered_map<const c10::StorageImpl*, ScalarUse> scalar_use_;
+  bool run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   int paused_ = 0;
+  int num_threads_ = 0;  // the program thread's intra-op threads, read once per session
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown).
   struct GradState {
     c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
