@@ -17,6 +17,7 @@
 #include <ATen/core/stack.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -54,7 +55,9 @@ struct Node {
 // One TraceGraph with the op templates of its nodes and its statistics.
 struct Graph {
   std::string name;
-  std::vector<Node> nodes;
+  // A deque: nodes never move, so the GraphRunner can hold pointers into their templates while
+  // the Python thread keeps adding nodes.
+  std::deque<Node> nodes;
   std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
   struct Root {
     uint32_t node = 0;
