@@ -205,3 +205,25 @@ def test_gradient_accumulation_order_matches_eager_across_threads():
     coexec = terra.run(rnn_grads, 6)
     for step, (a, b) in enumerate(zip(eager, coexec)):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}"
+
+
+def loops_in_sequence(n):
+    """New iteration starts and new nodes appear while earlier iterations are still being executed
+    by the GraphRunner (its pending work refers to the templates of existing nodes)."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 32)
+    for _ in range(n):
+        x = torch.tanh(x @ x.t() * 0.01)
+    outs = []
+    for k in range(n):
+        for j in range(k % 3):
+            x = x + j * 0.5
+        outs.append(x.sum())
+    return x, outs
+
+
+def test_new_nodes_while_graphrunner_busy():
+    eager_x, eager_outs = loops_in_sequence(40)
+    x, outs = terra.run(loops_in_sequence, 40)
+    assert torch.equal(eager_x, x)
+    assert [float(v) for v in eager_outs] == [float(v) for v in outs]
