@@ -8,11 +8,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 # Build tools, the kernel stack (xeus 2.4.1, xeus-python 0.14.3 and its IPython shell), JSON,
-# GoogleTest, SQLite for the history store, Graphviz for graph layout, Chromium for browser tests.
+# GoogleTest, SQLite for the history store, Chromium for browser tests.
 debs=(build-essential cmake make python3-venv python3-dev
       xeus-dev xeus-python-dev libxeus-python0 python3-xeus-python-shell python3-ipython
       python3-debugpy pybind11-dev pybind11-json-dev nlohmann-json3-dev cppzmq-dev
-      libgtest-dev libgmock-dev libsqlite3-dev libgraphviz-dev chromium)
+      libgtest-dev libgmock-dev libsqlite3-dev chromium)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
