@@ -228,6 +228,9 @@ void PythonRunner::barrier(const std::string& reason, const std::string& what) {
 
 void PythonRunner::mark(uint64_t boundary) {
   if (mode_ == Mode::Off) return;
+  // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
+  // boundary again costs a comparison.
+  if (boundary == boundary_ && cur_ == root_node_) return;
   end_iteration();
   begin_iteration(boundary);
 }
@@ -280,7 +283,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     added_ = true;
   }
   const Graph::Root& root = it->second;
-  cur_ = root.node;
+  cur_ = root_node_ = root.node;
   ++graph_->nodes[cur_].count;
   Mode want = Mode::Tracing;
   if (root.divergences >= policy_.max_divergences || graph_->nodes.size() >= policy_.max_nodes) {

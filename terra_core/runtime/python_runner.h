@@ -141,6 +141,7 @@ class PythonRunner {
   PythonStack::Root root_;
   Policy policy_;
   uint32_t cur_ = 0;
+  uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from
   uint64_t boundary_ = 0;
   bool added_ = false;      // this iteration added nodes or edges
   bool diverged_ = false;   // this iteration fell back

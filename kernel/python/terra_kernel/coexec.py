@@ -80,11 +80,13 @@ class CellCoexecution:
         self.started = time.perf_counter()
         terra._enter(self.graph, stop_code=self.stop_code)
         self.session_depth = self.depth
+        setattr(builtins, _loops.MARK, sys.modules["terra._C"].mark)  # no Python call per boundary
 
     def close(self):
         import terra
 
         self.session_depth = None
+        setattr(builtins, _loops.MARK, self.mark)
         try:
             terra._exit()
         finally:
