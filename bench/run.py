@@ -401,7 +401,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every mode (default 2)")
     ap.add_argument("--rounds", type=int, help="timing rounds (default 7, quick 3)")
     ap.add_argument("--check-steps", type=int, help="steps of the cold first call (default 6, quick 4)")
-    ap.add_argument("--target-s", type=float, help="eager seconds per measurement (default 0.2, quick 0.08)")
+    ap.add_argument("--target-s", type=float, help="eager seconds per measurement (default 0.2, quick 0.04)")
     ap.add_argument("--rtol", type=float, default=1e-3, help="tolerance for compilers (allclose rtol)")
     ap.add_argument("--atol", type=float, default=1e-3, help="tolerance for compilers (allclose atol)")
     ap.add_argument("--timeout", type=float, help="seconds per program child (default 400, quick 60)")
@@ -415,7 +415,7 @@ def main():
     q = args.quick
     args.rounds = args.rounds or (3 if q else 7)
     args.check_steps = args.check_steps or (4 if q else 6)
-    args.target_s = args.target_s or (0.08 if q else 0.2)
+    args.target_s = args.target_s or (0.04 if q else 0.2)
     args.timeout = args.timeout or (60 if q else 400)
     if args.modes:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
