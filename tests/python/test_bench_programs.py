@@ -64,21 +64,9 @@ def test_eager_deterministic(name):
     assert ok, f"{name} is not deterministic eagerly: {detail}"
 
 
-# Known engine bug (open): these two programs end bitwise equal when run alone, but differ when
-# an earlier program ran under Terra in the same process. Cause (diagnosed by the bench session):
-# terra._instrument caches the loop-instrumented function in a dict keyed by the code object, and
-# code objects compare EQUAL across modules when bytecode, names, constants and first line match
-# (co_filename is not compared): dropblock.train == resnet.train and stochastic_downsampling.train
-# == stochastic_depth.train. terra.run(dropblock.train, ...) then runs resnet's instrumented copy,
-# with resnet's globals (resnet.step: no DropBlock schedule), silently; terra.reset() does not
-# clear that cache. Fix in the engine: key by identity (id(code) with the code kept alive) or by
-# (code, id(fn.__globals__)).
-ORDER_DEPENDENT = {"dropblock", "stochastic_downsampling"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason="cross-session state leak (see comment)", strict=False))
-    if n in ORDER_DEPENDENT else n for n in PROGRAMS])
+# Run in collection order in one process, so a program also runs after others under Terra (this
+# is how a function-cache collision between modules with identical `train` code was caught).
+@pytest.mark.parametrize("name", PROGRAMS)
 def test_terra_bitwise_equal(name):
     import terra
     mod = importlib.import_module(f"bench.programs.{name}")

@@ -227,3 +227,25 @@ def test_new_nodes_while_graphrunner_busy():
     x, outs = terra.run(loops_in_sequence, 40)
     assert torch.equal(eager_x, x)
     assert [float(v) for v in eager_outs] == [float(v) for v in outs]
+
+
+def test_equal_code_in_two_modules_runs_the_right_function(tmp_path, monkeypatch):
+    # Two modules whose `train` has identical code (their code objects compare equal) but
+    # different globals: terra.run must run each one with its own module's globals.
+    import importlib
+
+    body = ("import torch\n"
+            "SCALE = {scale}\n"
+            "def train(n):\n"
+            "    out = []\n"
+            "    for i in range(n):\n"
+            "        out.append(float(torch.ones(1) * SCALE))\n"
+            "    return out\n")
+    (tmp_path / "twin_a.py").write_text(body.format(scale=2.0))
+    (tmp_path / "twin_b.py").write_text(body.format(scale=3.0))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a, b = importlib.import_module("twin_a"), importlib.import_module("twin_b")
+    assert a.train.__code__ == b.train.__code__
+    assert terra.run(a.train, 3) == [2.0] * 3
+    assert terra.run(b.train, 3) == [3.0] * 3
+    assert terra.stats("train")["iteration_starts"] > 1  # the loops were instrumented

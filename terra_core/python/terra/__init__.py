@@ -128,8 +128,12 @@ _instrumented = {}
 def _instrument(fn):
     """The function recompiled with iteration boundaries on its loops (None if not possible)."""
     code = fn.__code__
-    if code in _instrumented:
-        return _instrumented[code]
+    # By identity: code objects of equal bytecode compare equal across modules, and the copy is
+    # bound to this function's globals.
+    key = (id(code), id(fn.__globals__))
+    cached = _instrumented.get(key)
+    if cached is not None and cached[0] is code and cached[1] is fn.__globals__:
+        return cached[2]
     result = None
     if not code.co_freevars:
         try:
@@ -147,7 +151,7 @@ def _instrument(fn):
                     result = new
         except (OSError, TypeError, SyntaxError, IndexError):
             result = None
-    _instrumented[code] = result
+    _instrumented[key] = (code, fn.__globals__, result)
     return result
 
 
