@@ -1,5 +1,7 @@
 #include "python_runner.h"
 
+#include "terra/location_key.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
@@ -30,13 +32,6 @@ void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   PythonRunner::instance().on_aten(op, ks, stack);
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  v += 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
-  return h ^ (v ^ (v >> 31));
 }
 
 int64_t now_ns() {
@@ -278,7 +273,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     snprintf(name, sizeof(name), "iteration %016llx", static_cast<unsigned long long>(boundary));
     marker.name = name;
     Graph::Root root;
-    root.node = graph_->add_node(std::move(marker), mix(boundary, 0x17e7));
+    root.node = graph_->add_node(std::move(marker), terra::hash_combine(boundary, 0x17e7));
     it = graph_->roots.emplace(boundary, root).first;
     added_ = true;
   }
@@ -297,9 +292,9 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
 }
 
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
-  uint64_t base = mix(op_identity(kind, op), PythonStack::hash(root_));
+  uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_));
   uint32_t& n = occurrences_[base];
-  return mix(base, n++);
+  return terra::hash_combine(base, n++);
 }
 
 void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,

@@ -1,5 +1,7 @@
 #include "python_stack.h"
 
+#include "terra/location_key.h"
+
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
@@ -10,32 +12,23 @@ namespace terra::runtime {
 
 namespace {
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  // splitmix64-style combine: cheap and well distributed.
-  v += 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
-  return h ^ (v ^ (v >> 31));
-}
-
 uint64_t hash_bytes(const char* p, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ULL;
-  return h;
+  return terra::hash_combine(h, terra::hash_bytes(std::string_view(p, n)));
 }
 
 uint64_t hash_object(PyObject* o, uint64_t h, int depth = 0) {
   // Content hash of the constants and names of a code object (deterministic across runs, unlike
   // PyObject_Hash for strings, which is salted).
-  if (depth > 4) return mix(h, 1);
+  if (depth > 4) return terra::hash_combine(h, 1);
   if (PyUnicode_Check(o)) {
     Py_ssize_t n = 0;
     const char* s = PyUnicode_AsUTF8AndSize(o, &n);
-    if (!s) { PyErr_Clear(); return mix(h, 2); }
-    return hash_bytes(s, static_cast<size_t>(n), mix(h, 3));
+    if (!s) { PyErr_Clear(); return terra::hash_combine(h, 2); }
+    return hash_bytes(s, static_cast<size_t>(n), terra::hash_combine(h, 3));
   }
-  if (PyBytes_Check(o)) return hash_bytes(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o), mix(h, 4));
+  if (PyBytes_Check(o)) return hash_bytes(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o), terra::hash_combine(h, 4));
   if (PyTuple_Check(o)) {
-    h = mix(h, 5 + static_cast<uint64_t>(PyTuple_GET_SIZE(o)));
+    h = terra::hash_combine(h, 5 + static_cast<uint64_t>(PyTuple_GET_SIZE(o)));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i)
       h = hash_object(PyTuple_GET_ITEM(o, i), h, depth + 1);
     return h;
@@ -49,8 +42,8 @@ uint64_t hash_object(PyObject* o, uint64_t h, int depth = 0) {
     return hash_object(c->co_consts, h, depth + 1);
   }
   PyObject* r = PyObject_Repr(o);  // numbers, None, frozensets of constants
-  if (!r) { PyErr_Clear(); return mix(h, 6); }
-  h = hash_object(r, mix(h, 7), depth + 1);
+  if (!r) { PyErr_Clear(); return terra::hash_combine(h, 6); }
+  h = hash_object(r, terra::hash_combine(h, 7), depth + 1);
   Py_DECREF(r);
   return h;
 }
@@ -169,7 +162,7 @@ uint64_t PythonStack::hash(const Root& root) {
     if (skip(f)) continue;
     if (f->f_code == root.stop_code) break;
     const CodeInfo& info = code_info(f->f_code);
-    h = mix(mix(h, info.hash), instruction_of(info, offset_of(f)));
+    h = terra::hash_combine(terra::hash_combine(h, info.hash), instruction_of(info, offset_of(f)));
     if (f == root.frame) break;
   }
   return h;
