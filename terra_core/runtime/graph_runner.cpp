@@ -17,38 +17,14 @@ namespace terra::runtime {
 
 namespace {
 
-at::Tensor resolve(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  if (auto* p = as_placeholder(t)) return placeholder_value(*p);
-  return t;
-}
-
-// Replaces placeholders by the values the GraphRunner computed for them.
-c10::IValue resolve(const c10::IValue& v) {
-  if (v.isTensor()) return resolve(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve(t));
-    return out;
-  }
-  if (v.isList()) {  // e.g. Tensor?[] of index ops
-    auto in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    out.reserve(in.size());
-    for (const c10::IValue& e : in) out.push_back(resolve(e));
-    return out;
-  }
-  return v;
-}
-
 std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   std::vector<at::Tensor> out;
   if (v.isTensor()) {
-    out.push_back(resolve(v.toTensor()));
+    out.push_back(resolve_placeholder(v.toTensor()));
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve(t));
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve_placeholder(t));
   } else if (v.isList()) {
-    for (const c10::IValue& e : v.toList()) out.push_back(e.isTensor() ? resolve(e.toTensor()) : at::Tensor());
+    for (const c10::IValue& e : v.toList()) out.push_back(e.isTensor() ? resolve_placeholder(e.toTensor()) : at::Tensor());
   }
   return out;
 }
@@ -184,7 +160,7 @@ void GraphRunner::execute(WorkItem& item) {
     case OpKind::Aten: {
       torch::jit::Stack stack;
       stack.reserve(item.args.size());
-      for (const c10::IValue& v : item.args) stack.push_back(resolve(v));
+      for (const c10::IValue& v : item.args) stack.push_back(resolve_placeholders(v));
       item.op->callBoxed(&stack);
       size_t k = 0;
       auto fill = [&](const at::Tensor& t) {
@@ -214,7 +190,7 @@ void GraphRunner::execute(WorkItem& item) {
       break;
     }
     case OpKind::GradRead: {
-      at::Tensor t = resolve(item.args.at(0).toTensor());
+      at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
       const at::Tensor& g = t.grad();
       TORCH_CHECK(g.defined() == (item.outs.size() == 1 && item.outs[0] != nullptr),
                   "Terra: .grad presence differs from the recorded trace");
@@ -222,9 +198,9 @@ void GraphRunner::execute(WorkItem& item) {
       break;
     }
     case OpKind::GradWrite: {
-      at::Tensor t = resolve(item.args.at(0).toTensor());
+      at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
       const c10::IValue& v = item.args.at(1);
-      t.mutable_grad() = v.isNone() ? at::Tensor() : resolve(v.toTensor());
+      t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
       break;
     }
     case OpKind::Marker:

@@ -105,4 +105,26 @@ at::Tensor placeholder_value(const PlaceholderImpl& p) {
   return p.detached() ? v.detach() : v;
 }
 
+at::Tensor resolve_placeholder(const at::Tensor& t) {
+  auto* p = t.defined() ? as_placeholder(t) : nullptr;
+  return p ? placeholder_value(*p) : t;
+}
+
+c10::IValue resolve_placeholders(const c10::IValue& v) {
+  if (v.isTensor()) return resolve_placeholder(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve_placeholder(t));
+    return out;
+  }
+  if (v.isList()) {  // e.g. Tensor?[] of index ops
+    auto in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    out.reserve(in.size());
+    for (const c10::IValue& e : in) out.push_back(resolve_placeholders(e));
+    return out;
+  }
+  return v;
+}
+
 }  // namespace terra::runtime

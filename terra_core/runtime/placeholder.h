@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -91,5 +92,10 @@ inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
 
 // The real tensor behind a filled placeholder (detached if the placeholder is a detached copy).
 at::Tensor placeholder_value(const PlaceholderImpl& p);
+// A tensor, or the value of the placeholder it is (ready).
+at::Tensor resolve_placeholder(const at::Tensor& t);
+// An argument with every placeholder in it (also inside tensor lists) replaced by its value;
+// the values must be ready.
+c10::IValue resolve_placeholders(const c10::IValue& v);
 
 }  // namespace terra::runtime

@@ -65,29 +65,6 @@ bool has_placeholder(const torch::jit::Stack& stack) {
   return found;
 }
 
-// Replaces placeholders (whose values are known to be ready) by their values.
-c10::IValue resolved(const c10::IValue& v) {
-  if (v.isTensor()) {
-    auto* p = as_placeholder(v.toTensor());
-    return p ? c10::IValue(placeholder_value(*p)) : v;
-  }
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) {
-      auto* p = as_placeholder(t);
-      out.push_back(p ? placeholder_value(*p) : t);
-    }
-    return out;
-  }
-  if (v.isList()) {
-    auto in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const c10::IValue& e : in) out.push_back(resolved(e));
-    return out;
-  }
-  return v;
-}
-
 class GilReleased {
  public:
   GilReleased() : state_(PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
@@ -344,7 +321,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   if (has_placeholder(*stack)) {
     // Left over from co-execution (e.g. a placeholder without a Python object): use its value.
     wait_for(runner().issued());
-    for (c10::IValue& v : *stack) v = resolved(v);
+    for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   }
   uint32_t node = kNoNode;
   if (auto it = graph_->index.find(lookup); it != graph_->index.end()) {
@@ -608,24 +585,21 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->sequence_floor = at::sequence_number::peek();
   item->num_threads = num_threads_;
 
-  // Record writes so a later fetch waits for them.
+  // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
+  // in one pass over the arguments.
   if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) last_external_write_ = seq;
   if (t.op) {
     const auto& schema_args = t.op->schema().arguments();
     for (size_t i = 0; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];
-      if (!v.isTensor() || !host_scalar(v.toTensor())) continue;
-      ScalarUse& use = scalar_use_[v.toTensor().storage().unsafeGetStorageImpl()];
       const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
-      (info && info->isWrite() ? use.write : use.read) = seq;
-    }
-  }
-  if (t.mutates_input && t.op) {
-    const auto& schema_args = t.op->schema().arguments();
-    for (size_t i = 0; i < schema_args.size() && i < stack->size(); ++i) {
-      const auto* info = schema_args[i].alias_info();
-      if (!info || !info->isWrite()) continue;
-      for_each_tensor((*stack)[i], [&](const at::Tensor& x) {
+      const bool writes = t.mutates_input && info && info->isWrite();
+      if (v.isTensor() && host_scalar(v.toTensor())) {
+        ScalarUse& use = scalar_use_[v.toTensor().storage().unsafeGetStorageImpl()];
+        (writes ? use.write : use.read) = seq;
+      }
+      if (!writes) continue;
+      for_each_tensor(v, [&](const at::Tensor& x) {
         auto* p = as_placeholder(x);
         if (p && p->group()) {
           p->group()->last_write = seq;
@@ -693,7 +667,6 @@ uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
 }
 
 bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
-  if (getenv("TERRA_NO_HOST")) return false;
   const auto& schema_args = t.op->schema().arguments();
   uint64_t need = 0;
   bool any = false;
@@ -713,7 +686,6 @@ bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, co
     if (it != scalar_use_.end()) need = std::max(need, it->second.write);
   }
   if (!any) return false;
-  if (getenv("TERRA_DEBUG")) fprintf(stderr, "host %s need %lu\n", t.name.c_str(), (unsigned long)need);
   wait_for(need);
   if (runner_) advance_sequence(runner_->sequence());
   exec(stack);
@@ -726,7 +698,7 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
   if (t.mutates_input) need = runner().issued();
   wait_for(need);
   raise_if_failed();
-  for (c10::IValue& v : *stack) v = resolved(v);
+  for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   advance_sequence(runner().sequence());
   exec(stack);
 }
