@@ -7,7 +7,11 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <nlohmann/json.hpp>
+
+#include "graph.h"
 #include "python_runner.h"
+#include "timeline.h"
 #include "python_stack.h"
 #include "terra/version.h"
 
@@ -91,26 +95,15 @@ void grad_set(py::object self, py::object value, py::object setter) {
   });
 }
 
-py::dict stats_of(const Graph& g) {
-  py::dict d;
-  d["name"] = g.name;
-  d["nodes"] = g.nodes.size();
-  size_t edges = 0;
-  for (const auto& n : g.nodes) edges += n.succ.size();
-  d["edges"] = edges;
-  d["iteration_starts"] = g.roots.size();
-  d["iterations_traced"] = g.iterations_traced;
-  d["iterations_coexecuted"] = g.iterations_coexecuted;
-  d["iterations_fallback"] = g.iterations_fallback;
-  d["iterations_eager"] = g.iterations_eager;
-  d["ops_traced"] = g.ops_traced;
-  d["ops_coexecuted"] = g.ops_coexecuted;
-  d["fetches"] = g.fetches;
-  d["host_ops"] = g.host_ops;
-  d["fallbacks"] = g.fallbacks.size();
-  d["traced_seconds"] = g.traced_seconds;
-  d["coexec_seconds"] = g.coexec_seconds;
-  return d;
+py::object to_python(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+Graph& graph_at(const std::string& name) {
+  auto& graphs = R().graphs();
+  auto it = graphs.find(name);
+  if (it == graphs.end()) throw py::key_error("no Terra graph named " + name);
+  return *it->second;
 }
 
 py::list frames_of(const std::vector<terra::runtime::SourceFrame>& frames) {
@@ -179,12 +172,25 @@ PYBIND11_MODULE(_C, m) {
     for (auto& [name, g] : R().graphs()) names.append(name);
     return names;
   });
-  m.def("stats", [](const std::string& name) {
-    auto& graphs = R().graphs();
-    auto it = graphs.find(name);
-    if (it == graphs.end()) throw py::key_error("no Terra graph named " + name);
-    return stats_of(*it->second);
-  });
+  m.def("stats", [](const std::string& name) { return to_python(stats_json(graph_at(name))); });
+  m.def("graph_json", [](const std::string& name) { return to_python(to_json(graph_at(name))); },
+        "The graph for viewers: nodes, edges, blocks, switch-cases, last path, fallbacks, stats.");
+  m.def("timeline", [] {
+    py::list out;
+    for (const terra::runtime::Span& s : terra::runtime::Timeline::instance().spans()) {
+      py::dict d;
+      d["lane"] = terra::runtime::to_string(s.lane);
+      d["kind"] = terra::runtime::to_string(s.kind);
+      d["start_ns"] = s.start_ns;
+      d["end_ns"] = s.end_ns;
+      d["iteration"] = s.iteration;
+      d["graph"] = s.graph;
+      d["detail"] = s.detail;
+      out.append(d);
+    }
+    return out;
+  }, "Recent timeline spans of both lanes, oldest first (steady-clock ns).");
+  m.def("clear_timeline", [] { terra::runtime::Timeline::instance().clear(); });
   m.def("fallbacks", [](const std::string& name) {
     py::list out;
     auto& graphs = R().graphs();

@@ -1,6 +1,7 @@
 #include "graph_runner.h"
 
 #include "op_template.h"
+#include "timeline.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
@@ -10,7 +11,6 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 
 namespace terra::runtime {
@@ -27,12 +27,6 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
     for (const c10::IValue& e : v.toList()) out.push_back(e.isTensor() ? resolve_placeholder(e.toTensor()) : at::Tensor());
   }
   return out;
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace
@@ -97,11 +91,28 @@ RunnerError GraphRunner::take_error() {
 
 void GraphRunner::loop() {
   uint64_t next = 0;
+  // The current busy span: from the first item executed after idling (or after the issuing
+  // iteration changed) to the end of the last one.
+  Span busy;
+  busy.lane = Lane::Graph;
+  busy.kind = SpanKind::Busy;
+  // A span closes when the runner goes to sleep or the next item belongs to another iteration;
+  // short gaps while it waits for the Python thread stay inside (the detail says how busy it was).
+  bool in_span = false;
+  uint64_t span_ops = 0;
+  int64_t span_busy = 0;
+  auto close_span = [&] {
+    if (!in_span) return;
+    busy.detail = std::to_string(span_ops) + " ops, " + std::to_string(span_busy / 1000) + " us executing";
+    Timeline::instance().add(busy);
+    in_span = false;
+  };
   while (!stop_.load()) {
     if (published_.load() == next) {
       for (int i = 0; i < 2000 && published_.load() == next && !stop_.load(); ++i)
         std::this_thread::yield();
       if (published_.load() == next) {
+        close_span();
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.store(true);
         work_cv_.wait(lock, [&] { return published_.load() != next || stop_.load(); });
@@ -114,6 +125,14 @@ void GraphRunner::loop() {
     // would have left it at the failing op, and the error is raised in the Python thread.
     if (!failed_.load(std::memory_order_relaxed)) {
       int64_t t0 = now_ns();
+      if (in_span && busy.iteration != item.iteration) close_span();
+      if (!in_span) {
+        busy.start_ns = t0;
+        busy.iteration = item.iteration;
+        span_ops = 0;
+        span_busy = 0;
+        in_span = true;
+      }
       try {
         execute(item);
       } catch (const c10::IndexError& e) {
@@ -130,7 +149,10 @@ void GraphRunner::loop() {
         error_ = {"RuntimeError", e.what(), item.node};
       }
       if (!error_.type.empty()) failed_.store(true, std::memory_order_release);
-      busy_ns_.fetch_add(static_cast<uint64_t>(now_ns() - t0), std::memory_order_relaxed);
+      busy.end_ns = now_ns();
+      ++span_ops;
+      span_busy += busy.end_ns - t0;
+      busy_ns_.fetch_add(static_cast<uint64_t>(busy.end_ns - t0), std::memory_order_relaxed);
     }
     ++next;
     // seq_cst, like `waiters_`: a waiter that registered after this store must see it, and one

@@ -49,6 +49,7 @@ struct WorkItem {
   uint32_t node = 0;                        // TraceGraph node, for error reports
   uint64_t sequence_floor = 0;              // autograd sequence number of the issuing thread
   int num_threads = 0;                      // intra-op threads of the issuing thread
+  uint64_t iteration = 0;                   // serial number of the issuing iteration (timeline)
   void clear() {
     args.clear();
     outs.clear();

@@ -1,6 +1,7 @@
 #include "python_runner.h"
 
 #include "terra/location_key.h"
+#include "timeline.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
@@ -10,7 +11,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace terra::runtime {
 
@@ -32,12 +32,6 @@ void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   PythonRunner::instance().on_aten(op, ks, stack);
-}
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 template <typename F>
@@ -104,34 +98,6 @@ std::string where(const Node& n) {
 }
 
 }  // namespace
-
-uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
-  auto id = static_cast<uint32_t>(nodes.size());
-  Node n;
-  n.tmpl = std::move(tmpl);
-  n.lookup = lookup;
-  nodes.push_back(std::move(n));
-  index[lookup].push_back(id);
-  return id;
-}
-
-void Graph::add_edge(uint32_t from, uint32_t to) {
-  if (from == kNoNode) return;
-  for (auto& [node, count] : nodes[from].succ) {
-    if (node == to) {
-      ++count;
-      return;
-    }
-  }
-  nodes[from].succ.emplace_back(to, 1);
-}
-
-bool Graph::has_edge(uint32_t from, uint32_t to) const {
-  if (from == kNoNode) return true;
-  for (const auto& [node, count] : nodes[from].succ)
-    if (node == to) return true;
-  return false;
-}
 
 PythonRunner& PythonRunner::instance() {
   static auto* runner = new PythonRunner();  // never destroyed: its thread lives to process exit
@@ -209,7 +175,20 @@ void PythonRunner::mark(uint64_t boundary) {
 
 void PythonRunner::end_iteration() {
   auto& root = graph_->roots[boundary_];
-  double seconds = static_cast<double>(now_ns() - iteration_start_ns_) * 1e-9;
+  const int64_t end = now_ns();
+  double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
+  if (mode_ != Mode::Off) {
+    Span span;
+    span.kind = mode_ == Mode::CoExec ? SpanKind::CoExec
+                : mode_ == Mode::Eager ? SpanKind::Eager
+                : diverged_            ? SpanKind::Fallback
+                                       : SpanKind::Tracing;
+    span.start_ns = iteration_start_ns_;
+    span.end_ns = end;
+    span.iteration = iteration_serial_;
+    span.graph = graph_->name;
+    Timeline::instance().add(std::move(span));
+  }
   switch (mode_) {
     case Mode::Tracing:
       if (diverged_) {
@@ -230,6 +209,7 @@ void PythonRunner::end_iteration() {
     case Mode::Off:
       break;
   }
+  if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   occurrences_.clear();
   if (live_.size() > 4096) {
     live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& w) { return w.expired(); }),
@@ -242,6 +222,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   boundary_ = boundary;
   added_ = diverged_ = false;
   iteration_start_ns_ = now_ns();
+  ++iteration_serial_;
   auto it = graph_->roots.find(boundary);
   if (it == graph_->roots.end()) {
     OpTemplate marker;
@@ -256,6 +237,8 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   }
   const Graph::Root& root = it->second;
   cur_ = root_node_ = root.node;
+  path_.clear();
+  path_.push_back(cur_);
   ++graph_->nodes[cur_].count;
   Mode want = Mode::Tracing;
   if (root.divergences >= policy_.max_divergences || graph_->nodes.size() >= policy_.max_nodes) {
@@ -393,6 +376,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   graph_->add_edge(cur_, node);
   added_ = added_ || graph_->nodes[cur_].succ.size() != before;
   cur_ = node;
+  path_.push_back(node);
   ++graph_->nodes[node].count;
 }
 
@@ -443,6 +427,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
   const OpTemplate& t = graph_->nodes[node].tmpl;
   graph_->add_edge(cur_, node);
   cur_ = node;
+  path_.push_back(node);
   ++graph_->nodes[node].count;
   ++graph_->ops_coexecuted;
   if (fetched) {
@@ -584,6 +569,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->expect = &t.outs;
   item->sequence_floor = at::sequence_number::peek();
   item->num_threads = num_threads_;
+  item->iteration = iteration_serial_;
 
   // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
   // in one pass over the arguments.
@@ -705,8 +691,20 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
 
 void PythonRunner::wait_for(uint64_t seq) {
   if (!runner_ || runner_->done() >= seq) return;
-  GilReleased unlocked;
-  runner_->wait_for(seq);
+  const int64_t start = now_ns();
+  {
+    GilReleased unlocked;
+    runner_->wait_for(seq);
+  }
+  if (mode_ == Mode::CoExec && graph_) {
+    Span span;
+    span.kind = SpanKind::FetchWait;
+    span.start_ns = start;
+    span.end_ns = now_ns();
+    span.iteration = iteration_serial_;
+    span.graph = graph_->name;
+    Timeline::instance().add(std::move(span));
+  }
 }
 
 void PythonRunner::diverge(const std::string& reason, const std::string& op) {
@@ -718,16 +716,24 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op) {
     if (f.op == op && f.reason == reason && same_line) known = &f;
   }
   if (!known) {
-    graph_->fallbacks.push_back(Fallback{reason, op, std::move(source), 0});
+    graph_->fallbacks.push_back(Fallback{reason, op, std::move(source), 0, cur_});
     known = &graph_->fallbacks.back();
   }
   ++known->count;
   auto& root = graph_->roots[boundary_];
   ++root.divergences;
   root.stable = 0;
+  Span span;
+  span.kind = SpanKind::Diverge;
+  span.start_ns = now_ns();
+  mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
   leave_coexec();
-  mode_ = Mode::Tracing;
   diverged_ = true;
+  span.end_ns = now_ns();
+  span.iteration = iteration_serial_;
+  span.graph = graph_->name;
+  span.detail = op + ": " + reason;
+  Timeline::instance().add(std::move(span));
 }
 
 void PythonRunner::leave_coexec() {

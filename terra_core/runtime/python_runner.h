@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "graph.h"
 #include "graph_runner.h"
 #include "op_template.h"
 #include "python_stack.h"
@@ -36,44 +37,6 @@ struct Policy {
   int max_divergences = 8;  // per iteration start: past this the region stays eager
   size_t max_nodes = 200000;
   bool enabled = true;      // co-execution (false: trace only, never co-execute)
-};
-
-struct Fallback {
-  std::string reason;                // what did not validate
-  std::string op;                    // the op that diverged
-  std::vector<SourceFrame> source;   // where in the program
-  uint64_t count = 0;
-};
-
-struct Node {
-  OpTemplate tmpl;
-  uint64_t lookup = 0;
-  uint64_t count = 0;
-  std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
-};
-
-// One TraceGraph with the op templates of its nodes and its statistics.
-struct Graph {
-  std::string name;
-  // A deque: nodes never move, so the GraphRunner can hold pointers into their templates while
-  // the Python thread keeps adding nodes.
-  std::deque<Node> nodes;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
-  struct Root {
-    uint32_t node = 0;
-    int stable = 0;       // consecutive traced iterations that added nothing
-    int divergences = 0;
-  };
-  std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
-  uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
-           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
-           host_ops = 0;
-  std::vector<Fallback> fallbacks;
-  double traced_seconds = 0, coexec_seconds = 0;
-
-  uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
-  void add_edge(uint32_t from, uint32_t to);
-  bool has_edge(uint32_t from, uint32_t to) const;
 };
 
 class PythonRunner {
@@ -146,7 +109,9 @@ class PythonRunner {
   bool added_ = false;      // this iteration added nodes or edges
   bool diverged_ = false;   // this iteration fell back
   int64_t iteration_start_ns_ = 0;
+  uint64_t iteration_serial_ = 0;  // iterations begun, over all graphs (timeline)
   std::unordered_map<uint64_t, uint32_t> occurrences_;
+  std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   uint64_t last_external_write_ = 0;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host

@@ -24,9 +24,11 @@ import threading
 
 from . import _loops
 
-__all__ = ["run", "coexecute", "iteration", "sync", "stats", "explain", "reset", "config"]
+__all__ = ["run", "coexecute", "iteration", "sync", "stats", "explain", "reset", "config",
+           "graph_json", "timeline"]
 
 _depth = threading.local()
+_last_graph = None  # the graph most recently entered
 
 
 def _c():
@@ -55,8 +57,10 @@ def __getattr__(name):
 def _enter(name, depth=1, stop_code=None):
     """Opens a session; ops are keyed by their stack up to the frame `depth` above the caller of
     this function, or (with `stop_code`) up to the first frame running that code object."""
+    global _last_graph
     if getattr(_depth, "n", 0) == 0:
         _patches_module().install()
+    _last_graph = name
     _depth.n = getattr(_depth, "n", 0) + 1
     try:
         if stop_code is not None:
@@ -198,9 +202,52 @@ def explain(name=None):
     return out
 
 
+def _graph_name(name):
+    if name is not None:
+        return name
+    if _last_graph in _c().graphs():
+        return _last_graph
+    graphs = _c().graphs()
+    if not graphs:
+        raise KeyError("no Terra graph recorded yet")
+    return graphs[-1]
+
+
+def graph_json(name=None):
+    """One graph (the most recently entered when name is None) for viewers, as plain data:
+
+    nodes [{id, label, op, kind, shapes, count, source [(file, line, function)...] innermost
+    first, fallback}], edges [{from, to, count}], blocks [{id, nodes}] (basic blocks in
+    switch-case order, from the core's case assignment), switch_cases [{block, entering: edge
+    indices}], back_edges, last_path (node ids of the last iteration), fallbacks [{reason, op,
+    count, source, node: the node the iteration left after}], stats."""
+    return _c().graph_json(_graph_name(name))
+
+
+def timeline(name=None):
+    """Where recent iterations' time went (a bounded window, times in steady-clock ns):
+
+    events: [{lane: "python" | "graph", kind, start_ns, end_ns, iteration, graph, detail}] where
+    Python-lane kinds are tracing / coexec / fallback / eager (one span per iteration) and
+    fetch_wait / diverge (nested waits), and GraphRunner spans are "busy";
+    iterations: [{graph, index, mode, start_ns, end_ns}] from the Python lane's iteration spans.
+    With a name, only that graph's iterations and the GraphRunner spans of those iterations."""
+    events = _c().timeline()
+    if name is not None:
+        mine = {e["iteration"] for e in events if e["lane"] == "python" and e["graph"] == name}
+        events = [e for e in events if e["iteration"] in mine]
+    modes = {"tracing": "traced", "coexec": "coexec", "fallback": "fallback", "eager": "eager"}
+    iterations = [dict(graph=e["graph"], index=e["iteration"], mode=modes[e["kind"]],
+                       start_ns=e["start_ns"], end_ns=e["end_ns"])
+                  for e in events if e["lane"] == "python" and e["kind"] in modes]
+    return {"events": events, "iterations": iterations}
+
+
 def reset(name=None):
-    """Drops recorded graphs (all, or one by name)."""
+    """Drops recorded graphs (all, or one by name); dropping all also clears the timeline."""
     _c().reset(name)
+    if name is None:
+        _c().clear_timeline()
 
 
 def config(**settings):

@@ -1,0 +1,211 @@
+#include "graph.h"
+
+#include <nlohmann/json.hpp>
+
+#include "terra/case_assignment.h"
+#include "terra/location_key.h"
+
+#include <map>
+
+namespace terra::runtime {
+
+namespace {
+
+constexpr uint32_t kNoNode = UINT32_MAX;
+
+terra::TensorMeta core_meta(const TensorMeta& m) {
+  terra::TensorMeta out;
+  out.sizes = m.sizes;
+  out.strides = m.strides;
+  out.dtype = static_cast<int8_t>(m.dtype);
+  out.device_type = static_cast<int8_t>(m.device.type());
+  out.device_index = m.device.index();
+  out.requires_grad = m.requires_grad;
+  return out;
+}
+
+const char* kind_name(const OpTemplate& t) {
+  switch (t.kind) {
+    case OpKind::Marker: return "iteration";
+    case OpKind::Backward: return "backward";
+    case OpKind::GradRead: return "grad_read";
+    case OpKind::GradWrite: return "grad_write";
+    case OpKind::Aten: break;
+  }
+  switch (t.mode) {
+    case ExecMode::Graph: return "graph";
+    case ExecMode::PythonNow: return "python_now";
+    case ExecMode::Fetch: return "fetch";
+  }
+  return "?";
+}
+
+nlohmann::json frames_json(const std::vector<SourceFrame>& frames) {
+  auto out = nlohmann::json::array();
+  for (const SourceFrame& f : frames) out.push_back({f.file, f.line, f.function});
+  return out;
+}
+
+}  // namespace
+
+uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
+  auto id = static_cast<uint32_t>(nodes.size());
+  Node n;
+  n.tmpl = std::move(tmpl);
+  n.lookup = lookup;
+  nodes.push_back(std::move(n));
+  index[lookup].push_back(id);
+  return id;
+}
+
+void Graph::add_edge(uint32_t from, uint32_t to) {
+  if (from == kNoNode) return;
+  for (auto& [node, count] : nodes[from].succ) {
+    if (node == to) {
+      ++count;
+      return;
+    }
+  }
+  nodes[from].succ.emplace_back(to, 1);
+}
+
+bool Graph::has_edge(uint32_t from, uint32_t to) const {
+  if (from == kNoNode) return true;
+  for (const auto& [node, count] : nodes[from].succ)
+    if (node == to) return true;
+  return false;
+}
+
+terra::LocationKey path_key(const Graph& graph, uint32_t id) {
+  // Lookup hashes are unique per node except for the two variants of a `.grad` read; the node id
+  // tells those apart.
+  return terra::LocationKey{graph.nodes[id].lookup, id, 0};
+}
+
+void Graph::record_path(std::vector<uint32_t>& path) {
+  if (path.size() <= 1) return;  // an iteration without ops (the tail after a loop, say)
+  uint64_t h = path.size();
+  for (uint32_t id : path) h = terra::hash_combine(h, id);
+  if (path_hashes.insert(h).second && path_error.empty()) {
+    terra::Trace trace;
+    trace.ops.reserve(path.size());
+    for (uint32_t id : path) {
+      const OpTemplate& t = nodes[id].tmpl;
+      terra::OpRecord op;
+      op.key = path_key(*this, id);
+      for (const OutSpec& o : t.outs)
+        if (!o.none) op.outputs.push_back(core_meta(o.meta));
+      auto source = std::make_shared<terra::SourceInfo>();
+      source->op_name = t.name;
+      for (auto f = t.source.rbegin(); f != t.source.rend(); ++f)
+        source->frames.push_back({f->file, f->line, f->function});
+      op.source = std::move(source);
+      op.is_fetch = t.mode == ExecMode::Fetch;
+      trace.ops.push_back(std::move(op));
+    }
+    try {
+      paths.merge(trace);
+    } catch (const std::exception& e) {
+      path_error = e.what();  // the export loses its blocks; co-execution is unaffected
+    }
+  }
+  last_path.swap(path);
+}
+
+nlohmann::json stats_json(const Graph& g) {
+  size_t edges = 0;
+  for (const auto& n : g.nodes) edges += n.succ.size();
+  return {{"name", g.name},
+          {"nodes", g.nodes.size()},
+          {"edges", edges},
+          {"iteration_starts", g.roots.size()},
+          {"iterations_traced", g.iterations_traced},
+          {"iterations_coexecuted", g.iterations_coexecuted},
+          {"iterations_fallback", g.iterations_fallback},
+          {"iterations_eager", g.iterations_eager},
+          {"ops_traced", g.ops_traced},
+          {"ops_coexecuted", g.ops_coexecuted},
+          {"fetches", g.fetches},
+          {"host_ops", g.host_ops},
+          {"fallbacks", g.fallbacks.size()},
+          {"traced_seconds", g.traced_seconds},
+          {"coexec_seconds", g.coexec_seconds}};
+}
+
+nlohmann::json to_json(const Graph& g) {
+  using nlohmann::json;
+  std::unordered_map<uint32_t, bool> left_after;
+  for (const Fallback& f : g.fallbacks)
+    if (f.after != kNoNode) left_after[f.after] = true;
+
+  json nodes = json::array();
+  for (uint32_t id = 0; id < g.nodes.size(); ++id) {
+    const Node& n = g.nodes[id];
+    json shapes = json::array();
+    for (const OutSpec& o : n.tmpl.outs)
+      if (!o.none) shapes.push_back(o.meta.str());
+    nodes.push_back({{"id", id},
+                     {"label", n.tmpl.label()},
+                     {"op", n.tmpl.name},
+                     {"kind", kind_name(n.tmpl)},
+                     {"shapes", std::move(shapes)},
+                     {"count", n.count},
+                     {"source", frames_json(n.tmpl.source)},
+                     {"fallback", left_after.count(id) > 0}});
+  }
+  // Control edges in node order; (from, to) -> index, for the switch-cases' entering edges.
+  json edges = json::array();
+  std::map<std::pair<uint32_t, uint32_t>, size_t> edge_index;
+  for (uint32_t id = 0; id < g.nodes.size(); ++id) {
+    for (const auto& [to, count] : g.nodes[id].succ) {
+      edge_index[{id, to}] = edges.size();
+      edges.push_back({{"from", id}, {"to", to}, {"count", count}});
+    }
+  }
+
+  // Blocks come from the core's case assignment over the merged paths; its node ids map back to
+  // runtime ids through the keys (the key's `stack` field is the runtime id, see path_key).
+  json blocks = json::array(), cases = json::array(), back = json::array();
+  const terra::CaseAssignment assignment = terra::assign_cases(g.paths);
+  auto runtime_id = [&](terra::NodeId core) { return static_cast<uint32_t>(g.paths.node(core).key.stack); };
+  auto edge_of = [&](terra::EdgeId e) -> json {
+    const terra::ControlEdge& ce = g.paths.edge(e);
+    if (ce.from == terra::kEntryNode || ce.to == terra::kExitNode) return nullptr;
+    auto it = edge_index.find({runtime_id(ce.from), runtime_id(ce.to)});
+    return it == edge_index.end() ? json(nullptr) : json(it->second);
+  };
+  for (size_t b = 0; b < assignment.cases.size(); ++b) {
+    const terra::SwitchCase& sc = assignment.cases[b];
+    json members = json::array();
+    for (terra::NodeId core : sc.block.nodes) members.push_back(runtime_id(core));
+    blocks.push_back({{"id", b}, {"nodes", std::move(members)}});
+    json entering = json::array();
+    for (terra::EdgeId e : sc.entering)
+      if (json i = edge_of(e); !i.is_null()) entering.push_back(i);
+    cases.push_back({{"block", b}, {"entering", std::move(entering)}});
+  }
+  for (terra::EdgeId e : assignment.back_edges)
+    if (json i = edge_of(e); !i.is_null()) back.push_back(i);
+
+  json fallbacks = json::array();
+  for (const Fallback& f : g.fallbacks)
+    fallbacks.push_back({{"reason", f.reason},
+                         {"op", f.op},
+                         {"count", f.count},
+                         {"source", frames_json(f.source)},
+                         {"node", f.after == kNoNode ? json(nullptr) : json(f.after)}});
+
+  json out = {{"name", g.name},
+              {"nodes", std::move(nodes)},
+              {"edges", std::move(edges)},
+              {"blocks", std::move(blocks)},
+              {"switch_cases", std::move(cases)},
+              {"back_edges", std::move(back)},
+              {"last_path", g.last_path},
+              {"fallbacks", std::move(fallbacks)},
+              {"stats", stats_json(g)}};
+  if (!g.path_error.empty()) out["path_error"] = g.path_error;
+  return out;
+}
+
+}  // namespace terra::runtime

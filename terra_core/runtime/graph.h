@@ -1,0 +1,79 @@
+// Graph: the runtime's TraceGraph of one co-executed region (a cell, a `terra.run` function).
+//
+// The PythonRunner keys its nodes by LocationKey lookup hash and keeps, per node, the OpTemplate
+// that validates later calls and the GraphRunner executes, the successors taken and how often.
+// Every distinct path an iteration took is also merged, as a terra::Trace, into the core's
+// terra::TraceGraph (`paths`), so the core's case assignment cuts the runtime's graph into basic
+// blocks and switch-cases for export; a known path costs one hash per iteration, never per op.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "op_template.h"
+#include "terra/trace_graph.h"
+
+namespace terra::runtime {
+
+struct Fallback {
+  std::string reason;                // what did not validate
+  std::string op;                    // the op that diverged
+  std::vector<SourceFrame> source;   // where in the program
+  uint64_t count = 0;
+  uint32_t after = UINT32_MAX;       // the last node the iteration followed before it left
+};
+
+struct Node {
+  OpTemplate tmpl;
+  uint64_t lookup = 0;
+  uint64_t count = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
+};
+
+struct Graph {
+  std::string name;
+  // A deque: nodes never move, so the GraphRunner can hold pointers into their templates while
+  // the Python thread keeps adding nodes.
+  std::deque<Node> nodes;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
+  struct Root {
+    uint32_t node = 0;
+    int stable = 0;       // consecutive traced iterations that added nothing
+    int divergences = 0;
+  };
+  std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
+  uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
+           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
+           host_ops = 0;
+  std::vector<Fallback> fallbacks;
+  double traced_seconds = 0, coexec_seconds = 0;
+
+  // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.
+  terra::TraceGraph paths;
+  std::unordered_set<uint64_t> path_hashes;
+  std::vector<uint32_t> last_path;
+  std::string path_error;  // set if a path could not be merged (export then lacks blocks)
+
+  uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
+  void add_edge(uint32_t from, uint32_t to);
+  bool has_edge(uint32_t from, uint32_t to) const;
+  // An iteration ended having followed `path`; keeps it as the last path (swapping it out).
+  void record_path(std::vector<uint32_t>& path);
+};
+
+// The key of runtime node `id` in `Graph::paths`.
+terra::LocationKey path_key(const Graph& graph, uint32_t id);
+
+// The graph for viewers (`terra.graph_json`): nodes with labels, shapes, counts and sources,
+// control edges with counts, the core's basic blocks and switch-cases over them, the last path,
+// fallbacks with the node they left after, and the statistics.
+nlohmann::json to_json(const Graph& graph);
+nlohmann::json stats_json(const Graph& graph);  // iterations and ops by how they ran, times
+
+}  // namespace terra::runtime
