@@ -147,6 +147,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("pause", [] { R().pause(); });
   m.def("resume", [] { R().resume(); });
   m.def("barrier", [](const std::string& reason, const std::string& what) { R().barrier(reason, what); });
+  m.def("opaque_begin", [](const std::string& reason, const std::string& what) { R().opaque_begin(reason, what); });
+  m.def("opaque_end", [] { R().opaque_end(); });
   m.def("backward", &backward);
   m.def("grad_get", &grad_get);
   m.def("grad_set", &grad_set);

@@ -67,6 +67,9 @@ struct OpTemplate {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> grads_after;
   bool backward_traced = false;
   bool grads_after_stable = true;
+  // Backward only: it runs Python code (hooks, a custom Function's backward), so during
+  // co-execution it runs in the program's thread after the GraphRunner has caught up.
+  bool runs_python = false;
 
   // Records a call (arguments before execution) as a new template; outputs come later.
   static OpTemplate record(OpKind kind, const c10::OperatorHandle* op, const std::string& name,

@@ -1,5 +1,6 @@
 #include "python_runner.h"
 
+#include "backward_hooks.h"
 #include "terra/location_key.h"
 #include "timeline.h"
 
@@ -320,9 +321,12 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   std::vector<const c10::TensorImpl*> inputs;
   torch::jit::Stack args_copy;
   if (kind != OpKind::Aten) args_copy = *stack;
+  const bool python_in_backward = kind == OpKind::Backward && backward_runs_python(*stack);
   if (kind == OpKind::Backward) snapshot_grads();
+  if (node != kNoNode && python_in_backward) graph_->nodes[node].tmpl.runs_python = true;
   if (node == kNoNode) {
     fresh = OpTemplate::record(kind, op, name, *stack);
+    fresh.runs_python = python_in_backward;
     for (const c10::IValue& v : *stack)
       inputs.push_back(v.isTensor() ? v.toTensor().unsafeGetTensorImpl() : nullptr);
   }
@@ -435,6 +439,19 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
     torch::jit::Stack args = *stack;
     exec(stack);
     note_grads(node, args, *stack, /*traced=*/false);
+    return true;
+  }
+  if (t.runs_python) {
+    // Hooks or a custom Function's backward: run it here, in program order, on real tensors.
+    ++graph_->fetches;
+    wait_for(runner().issued());
+    raise_if_failed();
+    materialize_all();
+    advance_sequence(runner().sequence());
+    torch::jit::Stack args = *stack;
+    snapshot_grads();
+    exec(stack);
+    note_grads(node, args, *stack, /*traced=*/true);
     return true;
   }
   switch (t.mode) {
@@ -707,7 +724,7 @@ void PythonRunner::wait_for(uint64_t seq) {
   }
 }
 
-void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+void PythonRunner::note_fallback(const std::string& reason, const std::string& op) {
   auto source = PythonStack::describe(root_);
   Fallback* known = nullptr;
   for (Fallback& f : graph_->fallbacks) {
@@ -720,6 +737,24 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op) {
     known = &graph_->fallbacks.back();
   }
   ++known->count;
+}
+
+void PythonRunner::opaque_begin(const std::string& reason, const std::string& what) {
+  if (mode_ == Mode::CoExec) {
+    note_fallback(reason, what);
+    ++graph_->fetches;
+    wait_for(runner().issued());
+    raise_if_failed();
+    materialize_all();
+    advance_sequence(runner().sequence());
+  }
+  pause();
+}
+
+void PythonRunner::opaque_end() { resume(); }
+
+void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+  note_fallback(reason, op);
   auto& root = graph_->roots[boundary_];
   ++root.divergences;
   root.stable = 0;
