@@ -186,6 +186,7 @@ PYBIND11_MODULE(_C, m) {
       d["start_ns"] = s.start_ns;
       d["end_ns"] = s.end_ns;
       d["iteration"] = s.iteration;
+      d["boundary"] = s.boundary;
       d["graph"] = s.graph;
       d["detail"] = s.detail;
       out.append(d);

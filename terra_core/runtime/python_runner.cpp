@@ -179,16 +179,11 @@ void PythonRunner::end_iteration() {
   const int64_t end = now_ns();
   double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
   if (mode_ != Mode::Off) {
-    Span span;
-    span.kind = mode_ == Mode::CoExec ? SpanKind::CoExec
-                : mode_ == Mode::Eager ? SpanKind::Eager
-                : diverged_            ? SpanKind::Fallback
-                                       : SpanKind::Tracing;
-    span.start_ns = iteration_start_ns_;
-    span.end_ns = end;
-    span.iteration = iteration_serial_;
-    span.graph = graph_->name;
-    Timeline::instance().add(std::move(span));
+    add_span(mode_ == Mode::CoExec ? SpanKind::CoExec
+             : mode_ == Mode::Eager ? SpanKind::Eager
+             : diverged_            ? SpanKind::Fallback
+                                    : SpanKind::Tracing,
+             iteration_start_ns_, end);
   }
   switch (mode_) {
     case Mode::Tracing:
@@ -713,15 +708,7 @@ void PythonRunner::wait_for(uint64_t seq) {
     GilReleased unlocked;
     runner_->wait_for(seq);
   }
-  if (mode_ == Mode::CoExec && graph_) {
-    Span span;
-    span.kind = SpanKind::FetchWait;
-    span.start_ns = start;
-    span.end_ns = now_ns();
-    span.iteration = iteration_serial_;
-    span.graph = graph_->name;
-    Timeline::instance().add(std::move(span));
-  }
+  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns());
 }
 
 void PythonRunner::note_fallback(const std::string& reason, const std::string& op) {
@@ -758,16 +745,22 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op) {
   auto& root = graph_->roots[boundary_];
   ++root.divergences;
   root.stable = 0;
-  Span span;
-  span.kind = SpanKind::Diverge;
-  span.start_ns = now_ns();
+  const int64_t start = now_ns();
   mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
   leave_coexec();
   diverged_ = true;
-  span.end_ns = now_ns();
+  add_span(SpanKind::Diverge, start, now_ns(), op + ": " + reason);
+}
+
+void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::string detail) {
+  Span span;
+  span.kind = kind;
+  span.start_ns = start;
+  span.end_ns = end;
   span.iteration = iteration_serial_;
+  span.boundary = boundary_;
   span.graph = graph_->name;
-  span.detail = op + ": " + reason;
+  span.detail = std::move(detail);
   Timeline::instance().add(std::move(span));
 }
 

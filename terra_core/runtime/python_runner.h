@@ -29,6 +29,7 @@
 #include "graph_runner.h"
 #include "op_template.h"
 #include "python_stack.h"
+#include "timeline.h"
 
 namespace terra::runtime {
 
@@ -89,6 +90,8 @@ class PythonRunner {
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   void diverge(const std::string& reason, const std::string& op);
   void note_fallback(const std::string& reason, const std::string& op);
+  // A Python-lane span of the current iteration (timeline.h).
+  void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});
   void end_iteration();
   void begin_iteration(uint64_t boundary);
   void leave_coexec();

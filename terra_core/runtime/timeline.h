@@ -34,6 +34,7 @@ struct Span {
   SpanKind kind = SpanKind::Tracing;
   int64_t start_ns = 0, end_ns = 0;
   uint64_t iteration = 0;  // serial number of the iteration, over all graphs
+  uint64_t boundary = 0;   // Python lane: the loop (iteration boundary id) the iteration belongs to
   std::string graph;       // the graph's name (Python lane; empty for the GraphRunner)
   std::string detail;      // an op name or fallback reason
 };
