@@ -188,7 +188,13 @@ PYBIND11_MODULE(_C, m) {
       d["iteration"] = s.iteration;
       d["boundary"] = s.boundary;
       d["graph"] = s.graph;
-      d["detail"] = s.detail;
+      d["detail"] = s.lane == terra::runtime::Lane::Graph
+                        ? std::to_string(s.ops) + " ops, " + std::to_string(s.busy_ns / 1000) + " us executing"
+                        : s.detail;
+      if (s.lane == terra::runtime::Lane::Graph) {
+        d["ops"] = s.ops;
+        d["busy_ns"] = s.busy_ns;
+      }
       out.append(d);
     }
     return out;

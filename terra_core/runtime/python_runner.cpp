@@ -625,7 +625,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     auto slot = std::make_shared<Slot>();
     slot->seq = seq;
     std::shared_ptr<AliasGroup> group;
-    if (t.kind == OpKind::Aten) group = o.view ? base_group : std::make_shared<AliasGroup>();
+    if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
     item->outs[index] = std::move(slot);
     live_.emplace_back(p.getIntrusivePtr());
