@@ -174,6 +174,7 @@ void GraphRunner::execute(WorkItem& item) {
   // those of eager execution.
   if (item.num_threads > 0 && at::get_num_threads() != item.num_threads)
     at::set_num_threads(item.num_threads);
+  streams_.use(item.stream);
   struct Publish {
     std::atomic<uint64_t>& to;
     ~Publish() { to.store(at::sequence_number::peek(), std::memory_order_release); }

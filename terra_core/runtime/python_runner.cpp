@@ -582,6 +582,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->sequence_floor = at::sequence_number::peek();
   item->num_threads = num_threads_;
   item->iteration = iteration_serial_;
+  item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
 
   // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
   // in one pass over the arguments.
