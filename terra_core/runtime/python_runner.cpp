@@ -648,6 +648,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->args = std::move(*stack);
   *stack = std::move(returns);
   r.issue();
+  r.reclaim();  // drop executed items now: their outputs die soon, so the allocator reuses warm memory
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
