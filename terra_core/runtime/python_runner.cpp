@@ -635,7 +635,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     live_.emplace_back(p.getIntrusivePtr());
     return p;
   };
-  torch::jit::Stack returns;
+  // Buffers circulate instead of being allocated: the item takes the arguments' vector, the
+  // caller's stack takes the returns' (scratch) vector, scratch takes the item's old empty one.
+  torch::jit::Stack& returns = scratch_;
+  returns.clear();
   for (int n : t.return_sizes) {
     if (n == -1) {
       returns.emplace_back(make_out());
@@ -648,8 +651,9 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
       returns.emplace_back();
     }
   }
-  item->args = std::move(*stack);
-  *stack = std::move(returns);
+  item->args.clear();
+  item->args.swap(*stack);
+  stack->swap(returns);
   r.issue();
   r.reclaim();  // drop executed items now: their outputs die soon, so the allocator reuses warm memory
 }

@@ -125,6 +125,7 @@ class PythonRunner {
   };
   std::unordered_map<uint64_t, Occurrence> occurrences_;
   std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
+  torch::jit::Stack scratch_;   // issue(): the returns' buffer, reused
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   uint64_t last_external_write_ = 0;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host
