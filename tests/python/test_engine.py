@@ -330,3 +330,31 @@ def test_closures_get_their_loops_marked():
     result = terra.run(_make_closure_trainer(0.05), 12)
     assert torch.equal(eager, result)
     assert terra.stats("_make_closure_trainer.<locals>.train")["iterations_coexecuted"] >= 8
+
+
+def _fresh_model_each_call(out):
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    for _ in range(10):
+        h = model(x)
+        h.retain_grad()
+        loss = h.pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        out.append(float(h.grad.abs().sum()))
+        opt.step()
+    return model.weight.detach().clone()
+
+
+def test_models_created_inside_coexecuted_code():
+    # The function's setup (parameters made with nn.Parameter, retain_grad) is co-executed from
+    # the third call on: new leaves and hooks must land on real tensors.
+    for seed in range(4):
+        eager_out, terra_out = [], []
+        torch.manual_seed(seed)
+        eager = _fresh_model_each_call(eager_out)
+        torch.manual_seed(seed)
+        result = terra.run(_fresh_model_each_call, terra_out)
+        assert torch.equal(eager, result) and eager_out == terra_out
+    assert terra.stats("_fresh_model_each_call")["iterations_coexecuted"] > 20

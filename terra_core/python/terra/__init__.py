@@ -159,7 +159,9 @@ def _instrumented_code(fn):
         return None
     new_code = next(c for c in namespace["__terra_factory__"].__code__.co_consts
                     if isinstance(c, type(code)) and c.co_name == fn.__name__)
-    return new_code if set(new_code.co_freevars) <= set(code.co_freevars) else None
+    if not set(new_code.co_freevars) <= set(code.co_freevars):
+        return None
+    return new_code.replace(co_qualname=code.co_qualname)  # not "__terra_factory__.<locals>..."
 
 
 def _instrument(fn):

@@ -7,9 +7,12 @@ session is open (and restored exactly afterwards):
 - `Tensor.grad` (get/set): reads and writes of gradients are pseudo-ops too, ordered with the ops;
 - reading data from Python (`repr`/`format`/`numpy`/`tolist`/`__array__`/`data_ptr`/pickling):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
-- the global RNG state (`manual_seed`, `get_rng_state`, ...) and tensor attributes changed in
-  place from Python (`requires_grad_`, `.requires_grad =`, `.data =`): wait for the GraphRunner
-  first, since ops already issued must see the old state;
+- the global RNG state (`manual_seed`, `get_rng_state`, ...): wait for the GraphRunner first,
+  since ops already issued must see the old state;
+- changes of a tensor's autograd identity from Python (`requires_grad_`, `.requires_grad =`,
+  `.data =`, `Tensor._make_subclass`, which `nn.Parameter` uses, `retain_grad`, hooks): wait for
+  the GraphRunner, then make the tensors involved real, so a parameter made in a co-executed
+  iteration is a real leaf and a hook lands on the real autograd node;
 - custom `autograd.Function.apply`: an opaque unit run eagerly in the program's thread;
 - `threading.Thread.start`: other threads are not intercepted, so the iteration leaves
   co-execution (every placeholder becomes real) before one starts.
@@ -98,9 +101,32 @@ def _set(owner, name, value):
 _MISSING = object()
 
 
-def _synced_setter(descriptor):
+def _settle(*values):
+    """Waits for everything issued, then makes the given tensors real: what follows changes a
+    tensor's autograd identity (requires_grad, a new leaf made from it, its data swapped), which
+    the GraphRunner could not see on a placeholder (it resolves placeholders to their values)."""
+    _C.sync()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            _C.materialize(v)
+
+
+def _settled(original):
+    @functools.wraps(original)
+    def settled(*args, **kwargs):
+        _settle(*args, *kwargs.values())
+        result = original(*args, **kwargs)
+        # The result too: `_make_subclass` detaches through the dispatcher, so the new leaf would
+        # otherwise be a placeholder whose requires_grad the GraphRunner never sees.
+        _settle(result)
+        return result
+
+    return settled
+
+
+def _settled_setter(descriptor):
     def setter(self, value):
-        _C.sync()
+        _settle(self, value)
         descriptor.__set__(self, value)
 
     return property(descriptor.__get__, setter, None, descriptor.__doc__)
@@ -113,9 +139,12 @@ def install():
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
-    _set(torch.Tensor, "requires_grad_", _synced(torch.Tensor.requires_grad_))
+    _set(torch.Tensor, "requires_grad_", _settled(torch.Tensor.requires_grad_))
+    _set(torch.Tensor, "_make_subclass", staticmethod(_settled(torch.Tensor._make_subclass)))
+    for name in ("retain_grad", "register_hook", "register_post_accumulate_grad_hook"):
+        _set(torch.Tensor, name, _settled(getattr(torch.Tensor, name)))
     for name in ("requires_grad", "data"):
-        _set(torch.Tensor, name, _synced_setter(getattr(torch._C.TensorBase, name)))
+        _set(torch.Tensor, name, _settled_setter(getattr(torch._C.TensorBase, name)))
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
     for name in _RNG:
