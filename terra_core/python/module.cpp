@@ -177,9 +177,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("stats", [](const std::string& name) { return to_python(stats_json(graph_at(name))); });
   m.def("graph_json", [](const std::string& name) { return to_python(to_json(graph_at(name))); },
         "The graph for viewers: nodes, edges, blocks, switch-cases, last path, fallbacks, stats.");
-  m.def("timeline", [] {
+  m.def("timeline", [](uint64_t last) {
     py::list out;
-    for (const terra::runtime::Span& s : terra::runtime::Timeline::instance().spans()) {
+    auto spans = terra::runtime::Timeline::instance().spans();
+    uint64_t newest = 0;
+    for (const auto& s : spans) newest = std::max(newest, s.iteration);
+    const uint64_t oldest = last && newest > last ? newest - last + 1 : 0;
+    for (const terra::runtime::Span& s : spans) {
+      if (s.iteration < oldest) continue;
       py::dict d;
       d["lane"] = terra::runtime::to_string(s.lane);
       d["kind"] = terra::runtime::to_string(s.kind);
@@ -198,7 +203,9 @@ PYBIND11_MODULE(_C, m) {
       out.append(d);
     }
     return out;
-  }, "Recent timeline spans of both lanes, oldest first (steady-clock ns).");
+  }, py::arg("last") = 0,
+     "Recent timeline spans of both lanes by start time (steady-clock ns); with `last`, only those "
+     "of the newest `last` iterations.");
   m.def("clear_timeline", [] { terra::runtime::Timeline::instance().clear(); });
   m.def("fallbacks", [](const std::string& name) {
     py::list out;

@@ -128,3 +128,11 @@ def test_reset_clears_the_timeline_and_unknown_graph_raises():
     assert terra.timeline()["events"] == []
     with pytest.raises(KeyError):
         terra.graph_json("no such graph")
+
+
+def test_timeline_last_keeps_the_newest_iterations():
+    terra.run(branchy, steps=30)
+    everything = terra.timeline("branchy")["iterations"]
+    newest = terra.timeline("branchy", last=5)["iterations"]
+    assert [i["index"] for i in newest] == [i["index"] for i in everything][-len(newest):]
+    assert 1 <= len(newest) <= 5

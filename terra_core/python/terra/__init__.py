@@ -249,7 +249,7 @@ def graph_json(name=None):
     return _c().graph_json(_graph_name(name))
 
 
-def timeline(name=None):
+def timeline(name=None, last=None):
     """Where recent iterations' time went (a bounded window, times in steady-clock ns):
 
     events: [{lane: "python" | "graph", kind, start_ns, end_ns, iteration, graph, detail}] where
@@ -257,8 +257,9 @@ def timeline(name=None):
     fetch_wait / diverge (nested waits), and GraphRunner spans are "busy";
     iterations: [{graph, index, mode, loop, start_ns, end_ns}] from the Python lane's iteration
     spans (`loop`: the id of the loop whose iteration it was).
-    With a name, only that graph's iterations and the GraphRunner spans of those iterations."""
-    events = _c().timeline()
+    With a name, only that graph's iterations and the GraphRunner spans of those iterations;
+    with `last`, only the newest `last` iterations (of all graphs) are looked at."""
+    events = _c().timeline(last or 0)
     if name is not None:
         mine = {e["iteration"] for e in events if e["lane"] == "python" and e["graph"] == name}
         events = [e for e in events if e["iteration"] in mine]
