@@ -155,8 +155,8 @@ class Views:
         of the running graph."""
         started = time.perf_counter()
         try:
-            if self.cells.graph is not None:
-                self.refresh(self.cells.graph)
+            if self.cells.graph is None or not self.refresh(self.cells.graph):
+                return  # nothing recorded yet: try again at the next boundary
         except Exception as error:  # a view must never break the user's loop
             self.due = float("inf")
             print(f"Terra: live view updates stopped: {type(error).__name__}: {error}",
@@ -166,8 +166,10 @@ class Views:
         self.due = time.perf_counter() + max(self.interval, self.cost_factor * cost)
 
     def refresh(self, graph):
+        """Refreshes the live views showing `graph`; False if it has recorded nothing yet."""
         if graph not in viewdata.graph_names(self._terra(), [graph]):
-            return  # no PyTorch ops recorded (yet)
+            return False
         for view in self.live:
             if view.follows or view.name == graph or getattr(view, "every_graph", False):
                 view.refresh(graph if view.follows else view.name)
+        return True
