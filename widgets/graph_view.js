@@ -66,11 +66,14 @@ function prepare(graph) {
     members.forEach((id) => blockOf.set(id, block));
     blocks.push(block);
   }
+  const indexInBlock = new Map();
+  for (const b of blocks) b.nodes.forEach((id, k) => indexInBlock.set(id, k));
   for (const n of nodes.values()) {
     // Nodes outside every block (an engine that could not cut this graph): one block each.
     if (blockOf.has(n.id)) continue;
     const block = { id: `n${n.id}`, key: String(n.id), nodes: [n.id], loose: true };
     blockOf.set(n.id, block);
+    indexInBlock.set(n.id, 0);
     blocks.push(block);
   }
   const edges = graph.edges || [];
@@ -100,8 +103,8 @@ function prepare(graph) {
     if (b && outDegree.get(e.from) > 1 && b.nodes[0] === e.to) choices.add(b.id);
   });
   const maxCount = Math.max(1, ...edges.map((e) => e.count || 1));
-  return { graph, nodes, blocks, blockOf, edges, back, pathNodes, pathLinks, fallbackNodes,
-           reasons, cases, choices, maxCount };
+  return { graph, nodes, blocks, blockOf, indexInBlock, edges, back, pathNodes, pathLinks,
+           fallbackNodes, reasons, cases, choices, maxCount };
 }
 
 // ---- layout --------------------------------------------------------------------------------------
@@ -202,7 +205,7 @@ function layout(P, collapsed) {
 function slot(P, lay, id) {
   const block = P.blockOf.get(id);
   const box = lay.boxes.get(block);
-  const k = box.collapsed ? 0 : block.nodes.indexOf(id);
+  const k = box.collapsed ? 0 : P.indexInBlock.get(id);
   return { x: box.x + L.pad, y: box.y + L.header + k * L.step, w: L.nodeW, h: L.nodeH, box, block };
 }
 
@@ -291,6 +294,7 @@ function render({ model, el: root }) {
     const inView = (box) => !cull || (box.x < r.x1 && box.x + box.w > r.x0 &&
                                       box.y < r.y1 && box.y + box.h > r.y0);
     const detail = !cull || view.k >= 0.3; // labels only where they can be read
+    const boxesOnly = cull && view.k < 0.15; // nodes too small to see: blocks only
     let nodesDrawn = 0, blocksDrawn = 0;
     for (const b of P.blocks) {
       const box = lay.boxes.get(b);
@@ -319,7 +323,7 @@ function render({ model, el: root }) {
       if (box.collapsed) {
         nodesDrawn++;
         drawCollapsed(g, b, box, detail);
-      } else {
+      } else if (!boxesOnly) {
         for (const id of b.nodes) {
           nodesDrawn++;
           drawNode(g, P.nodes.get(id), slot(P, lay, id), detail);
@@ -330,7 +334,7 @@ function render({ model, el: root }) {
       const a = P.blockOf.get(e.from), b = P.blockOf.get(e.to);
       if (!a || !b) return;
       const sa = slot(P, lay, e.from), sb = slot(P, lay, e.to);
-      if (a === b && sa.box.collapsed) return;
+      if (a === b && (sa.box.collapsed || boxesOnly)) return;
       if (!inView(sa.box) && !inView(sb.box)) return;
       const onPath = P.pathLinks.has(`${e.from}>${e.to}`);
       const width = 1 + 4 * Math.log1p(e.count || 1) / Math.log1p(P.maxCount);

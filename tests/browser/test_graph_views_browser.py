@@ -99,21 +99,38 @@ def page(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         page.set_default_timeout(TIMEOUT_MS)
-        page.goto(f"{lab}/lab/tree/{NOTEBOOK}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell")
-        wait_idle(page)
-        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-        page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
-        page.wait_for_selector(".terra-graph-view[data-drawn-nodes]")
-        page.wait_for_selector(".terra-timeline-view[data-bars]")
-        wait_idle(page)
+        console = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+        try:
+            page.goto(f"{lab}/lab/tree/{NOTEBOOK}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell")
+            wait_idle(page)
+            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            page.wait_for_selector(".terra-graph-view[data-drawn-nodes]")
+            page.wait_for_selector(".terra-timeline-view[data-bars]")
+            wait_idle(page)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "failure.png"))
+            (ARTIFACTS / "failure-console.txt").write_text("\n".join(console))
+            raise
         page.screenshot(path=str(ARTIFACTS / "notebook.png"))
         yield page
         browser.close()
 
 
 def wait_idle(page):
-    """Waits until the kernel is started and idle (the notebook toolbar's execution indicator)."""
+    """Waits until the notebook's session runs the terra kernel and it is idle. (If JupyterLab
+    asks which kernel to start, as it may while it is still loading the kernel specs, the answer
+    is the notebook's own: Terra.)"""
+    status = page.locator(".jp-StatusBar-Widget", has_text="Python 3 (Terra) | Idle")
+    dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    status.or_(dialog).first.wait_for()
+    if dialog.count():
+        dialog.locator("select").select_option(label="Python 3 (Terra)")
+        dialog.locator("button", has_text="Select").click()
+        status.wait_for()
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
 
 

@@ -220,7 +220,7 @@ class TerraMagics(Magics):
         from . import static_views
 
         name = self._graph_for(args, "steps")
-        data = viewdata.timeline(self._engine(), name)
+        data = viewdata.timeline(self._engine(), name, window=1000)
         data["graph"] = self.cells.labels.get(name, name)
         rows = static_views.steps(data)
         text = (f"Terra: step time of {len(rows)} recent iterations of {data['graph']}\n"

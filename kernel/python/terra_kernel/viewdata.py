@@ -71,9 +71,18 @@ def graph(terra, shell, name, label=None):
 
 
 # -- timelines ------------------------------------------------------------------------------------
-def timeline(terra, name=None):
-    """Recent iterations of graph `name` (None: of all graphs), with the lanes' titles."""
+def timeline(terra, name=None, window=None):
+    """Recent iterations of graph `name` (None: of all graphs), with the lanes' titles; with a
+    `window`, only the spans of the last `window` iterations (the engine keeps thousands: a view
+    redrawn while a loop runs needs the recent ones only)."""
     data = dict(terra.timeline(name))
+    iterations = data.get("iterations", [])
+    if window is not None and len(iterations) > window:
+        kept = iterations[-window:]
+        serials = {it["index"] for it in kept}
+        data["events"] = [e for e in data.get("events", []) if e.get("iteration") in serials]
+        data["iterations"] = kept
+        data["dropped_iterations"] = len(iterations) - window
     data["graph"] = name
     data["lanes"] = dict(LANES)
     return data

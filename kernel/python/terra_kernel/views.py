@@ -95,6 +95,7 @@ class Views:
     interval = 0.5       # seconds between live refreshes, at least
     cost_factor = 50     # ... and at least this many times what the last refresh cost
     keep = 8             # live views kept (older ones stay as drawn)
+    window = 300         # iterations a timeline view shows (the engine keeps more)
 
     def __init__(self, shell, cells):
         self.shell = shell
@@ -102,6 +103,8 @@ class Views:
         self.live = []
         self.due = float("inf")  # perf_counter time of the next refresh (inf: none live)
         self.ran = None          # the graph of the cell being run
+        self.pushes = 0          # live refreshes from iteration boundaries, and their cost
+        self.push_seconds = 0.0
         shell.events.register("pre_run_cell", self._pre_run_cell)
         shell.events.register("post_run_cell", self._post_run_cell)
 
@@ -115,7 +118,7 @@ class Views:
         return viewdata.graph(self._terra(), self.shell, name, self.cells.labels.get(name))
 
     def timeline(self, name):
-        data = viewdata.timeline(self._terra(), name)
+        data = viewdata.timeline(self._terra(), name, self.window)
         if name is not None:
             data["graph"] = self.cells.labels.get(name, name)
         return data
@@ -163,6 +166,8 @@ class Views:
                   file=sys.stderr)
             return
         cost = time.perf_counter() - started
+        self.pushes += 1
+        self.push_seconds += cost
         self.due = time.perf_counter() + max(self.interval, self.cost_factor * cost)
 
     def refresh(self, graph):
