@@ -7,7 +7,9 @@ through the Run menu with the `terra` kernel, and then:
   `terra.graph_json()`'s counts), marks the fallback point, zooms on the wheel, shows a tooltip on
   hover, and a click on the node found by the search box shows its cell, line and source text;
 - collapsing a block replaces its nodes by one;
-- the timeline view draws spans in both lanes and one bar per iteration.
+- the timeline view draws spans in both lanes and one bar per iteration;
+- the notebook executed headless by nbclient and opened without running it shows the views again
+  from their saved state (trusted) or the static fallbacks (untrusted).
 Screenshots go to tests/browser/artifacts/ (kept, not committed) for a person to look at.
 """
 import os
@@ -54,6 +56,7 @@ def lab(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, JUPYTER_PATH=str(VENV / "share" / "jupyter"),
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+               JUPYTER_DATA_DIR=str(home / "data"),  # the notebook signatures (trust) live here
                JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
                TERRA_HISTORY_FILE=str(home / "history.sqlite"),
@@ -80,7 +83,7 @@ def lab(tmp_path_factory):
         if time.monotonic() > deadline:
             pytest.fail(f"jupyter lab did not answer: {(home / 'lab.log').read_text()[-3000:]}")
         time.sleep(0.3)
-    yield url
+    yield {"url": url, "notebooks": notebooks, "env": env}
     server.terminate()
     try:
         server.wait(timeout=20)
@@ -97,13 +100,13 @@ def page(lab):
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
         page.set_default_timeout(TIMEOUT_MS)
         console = []
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
         page.on("pageerror", lambda e: console.append(f"page error: {e}"))
         try:
-            page.goto(f"{lab}/lab/tree/{NOTEBOOK}")
+            page.goto(f"{lab['url']}/lab/tree/{NOTEBOOK}")
             page.wait_for_selector(".jp-Notebook .jp-Cell")
             wait_idle(page)
             page.click(".lm-MenuBar-itemLabel:text-is('Run')")
@@ -117,6 +120,7 @@ def page(lab):
             raise
         page.screenshot(path=str(ARTIFACTS / "notebook.png"))
         yield page
+        page.close()
         browser.close()
 
 
@@ -204,3 +208,37 @@ def test_timeline_view_draws_both_lanes_and_step_times(page):
     assert bars.count() == int(view.get_attribute("data-bars")) > 0
     modes = {bars.nth(i).get_attribute("data-mode") for i in range(bars.count())}
     assert {"traced", "coexec"} <= modes, modes
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_notebook_run_headless_shows_the_views_it_saved(lab, page, trusted):
+    """Executed by nbclient (scripts/run_notebook.py) and opened without running it: trusted, the
+    views are drawn again from the widget state saved in the notebook; untrusted, JupyterLab
+    shows the safe fallbacks: the graph's text summary and the timeline as Vega-Lite."""
+    name = f"headless-{'trusted' if trusted else 'untrusted'}.ipynb"
+    path = lab["notebooks"] / name
+    run = subprocess.run([str(VENV / "bin" / "python"), str(ROOT / "scripts" / "run_notebook.py"),
+                          str(lab["notebooks"] / NOTEBOOK), "--output", str(path)],
+                         env=lab["env"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    counts = re.search(r"graph of the training cell: (\d+) nodes, (\d+) basic blocks", run.stdout)
+    if trusted:
+        subprocess.run([str(VENV / "bin" / "jupyter"), "trust", str(path)], env=lab["env"],
+                       check=True, capture_output=True)
+    saved = page.context.new_page()
+    saved.goto(f"{lab['url']}/lab/tree/{name}")
+    saved.wait_for_selector(".jp-Notebook .jp-Cell")
+    if trusted:
+        view = saved.locator(".terra-graph-view[data-drawn-nodes]")
+        view.wait_for()
+        assert view.get_attribute("data-nodes-total") == counts.group(1)
+        assert view.locator("g.terra-block").count() == int(counts.group(2))
+        saved.locator(".terra-timeline-view[data-bars]").wait_for()
+        assert saved.locator(".terra-timeline-view rect.terra-bar").count() > 0
+    else:
+        saved.locator(".jp-OutputArea-output", has_text=f"Terra graph In [2]: {counts.group(1)} nodes").wait_for()
+        saved.locator(".jp-RenderedVegaCommon5 svg, .vega-embed svg").first.wait_for()
+        assert saved.locator(".terra-graph-view").count() == 0
+    saved.locator(".jp-Cell").last.scroll_into_view_if_needed()
+    saved.screenshot(path=str(ARTIFACTS / f"headless_{'trusted' if trusted else 'untrusted'}.png"))
+    saved.close()

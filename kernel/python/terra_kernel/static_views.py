@@ -182,7 +182,8 @@ def timeline_vegalite(data, width=640):
         ],
     }
     return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-            "vconcat": [lanes_chart, steps_vegalite(data, width, standalone=False)]}
+            "vconcat": [lanes_chart, steps_vegalite(data, width, standalone=False)],
+            "resolve": {"scale": {"color": "independent"}, "legend": {"color": "independent"}}}
 
 
 def steps_vegalite(data, width=640, standalone=True):
