@@ -147,6 +147,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("pause", [] { R().pause(); });
   m.def("resume", [] { R().resume(); });
   m.def("barrier", [](const std::string& reason, const std::string& what) { R().barrier(reason, what); });
+  m.def("opaque_begin", [](const std::string& reason, const std::string& what) { R().opaque_begin(reason, what); });
+  m.def("opaque_end", [] { R().opaque_end(); });
   m.def("backward", &backward);
   m.def("grad_get", &grad_get);
   m.def("grad_set", &grad_set);
@@ -184,8 +186,15 @@ PYBIND11_MODULE(_C, m) {
       d["start_ns"] = s.start_ns;
       d["end_ns"] = s.end_ns;
       d["iteration"] = s.iteration;
+      d["boundary"] = s.boundary;
       d["graph"] = s.graph;
-      d["detail"] = s.detail;
+      d["detail"] = s.lane == terra::runtime::Lane::Graph
+                        ? std::to_string(s.ops) + " ops, " + std::to_string(s.busy_ns / 1000) + " us executing"
+                        : s.detail;
+      if (s.lane == terra::runtime::Lane::Graph) {
+        d["ops"] = s.ops;
+        d["busy_ns"] = s.busy_ns;
+      }
       out.append(d);
     }
     return out;

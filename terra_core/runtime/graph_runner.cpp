@@ -50,7 +50,9 @@ GraphRunner::~GraphRunner() {
 
 WorkItem& GraphRunner::next_item() {
   if (issued_ - reclaimed_ >= ring_.size()) {
-    wait_for(issued_ + 1 - ring_.size());
+    // Full: wait until a quarter of the ring is free, not just one item, so a program thread
+    // that runs ahead does not trade a wake-up with the GraphRunner for every op it issues.
+    wait_for(issued_ + ring_.size() / 4 - ring_.size());
     reclaim();
   }
   return ring_[issued_ % ring_.size()];
@@ -97,13 +99,14 @@ void GraphRunner::loop() {
   busy.lane = Lane::Graph;
   busy.kind = SpanKind::Busy;
   // A span closes when the runner goes to sleep or the next item belongs to another iteration;
-  // short gaps while it waits for the Python thread stay inside (the detail says how busy it was).
+  // short gaps while it waits for the Python thread stay inside (`busy_ns` says how busy it was).
   bool in_span = false;
   uint64_t span_ops = 0;
   int64_t span_busy = 0;
   auto close_span = [&] {
     if (!in_span) return;
-    busy.detail = std::to_string(span_ops) + " ops, " + std::to_string(span_busy / 1000) + " us executing";
+    busy.ops = span_ops;
+    busy.busy_ns = span_busy;
     Timeline::instance().add(busy);
     in_span = false;
   };
@@ -171,6 +174,7 @@ void GraphRunner::execute(WorkItem& item) {
   // those of eager execution.
   if (item.num_threads > 0 && at::get_num_threads() != item.num_threads)
     at::set_num_threads(item.num_threads);
+  streams_.use(item.stream);
   struct Publish {
     std::atomic<uint64_t>& to;
     ~Publish() { to.store(at::sequence_number::peek(), std::memory_order_release); }

@@ -20,11 +20,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "placeholder.h"
+#include "streams.h"
 
 namespace terra::runtime {
 
@@ -50,6 +52,7 @@ struct WorkItem {
   uint64_t sequence_floor = 0;              // autograd sequence number of the issuing thread
   int num_threads = 0;                      // intra-op threads of the issuing thread
   uint64_t iteration = 0;                   // serial number of the issuing iteration (timeline)
+  std::optional<c10::Stream> stream;        // accelerator ops: the program thread's stream (streams.h)
   void clear() {
     args.clear();
     outs.clear();
@@ -102,6 +105,7 @@ class GraphRunner {
  private:
   void loop();
   void execute(WorkItem& item);
+  StreamSwitcher streams_;  // GraphRunner thread only
 
   std::vector<WorkItem> ring_;
   uint64_t issued_ = 0;     // written by the Python thread only

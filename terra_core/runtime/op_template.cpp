@@ -124,6 +124,8 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
       a.kind = Kind::Constant;
       a.constant = v;
     }
+    for (const TensorMeta& m : a.metas)
+      if (!t.accelerator && !m.device.is_cpu() && !m.device.is_meta()) t.accelerator = m.device;
     t.args.push_back(std::move(a));
   }
   if (schema) {

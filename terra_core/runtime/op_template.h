@@ -62,11 +62,17 @@ struct OpTemplate {
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
   std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other
   std::vector<SourceFrame> source;  // innermost first
+  // The accelerator its tensor arguments live on (the first non-CPU one), if any: the GraphRunner
+  // enqueues the op on the stream the program thread had current for it (streams.h).
+  std::optional<c10::Device> accelerator;
   // Backward only: the leaves (of those the program reads .grad of) whose gradient it created or
   // accumulated when traced, and whether that set was the same in every trace.
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> grads_after;
   bool backward_traced = false;
   bool grads_after_stable = true;
+  // Backward only: it runs Python code (hooks, a custom Function's backward), so during
+  // co-execution it runs in the program's thread after the GraphRunner has caught up.
+  bool runs_python = false;
 
   // Records a call (arguments before execution) as a new template; outputs come later.
   static OpTemplate record(OpKind kind, const c10::OperatorHandle* op, const std::string& name,

@@ -22,16 +22,24 @@ namespace terra::runtime {
 // Where the GraphRunner puts the value of one op output. Written once by the GraphRunner thread
 // before it publishes `ready_seq` through its completion counter; read by the Python thread only
 // after waiting for that counter.
-struct Slot {
-  at::Tensor value;
-  uint64_t seq = 0;  // sequence number of the work item that produces it
-};
-
 // Groups of tensors that share storage (a placeholder and the views made from it). An in-place op
 // on any member records its sequence number here, so a fetch waits for the last writer too.
 struct AliasGroup {
   uint64_t last_write = 0;
 };
+
+struct Slot {
+  at::Tensor value;
+  uint64_t seq = 0;  // sequence number of the work item that produces it
+  // The alias group of an output that starts one (not a view): kept inside the slot so that one
+  // allocation serves both (see `own_group`).
+  AliasGroup group;
+};
+
+// The alias group stored in `slot`, sharing the slot's ownership (no allocation of its own).
+inline std::shared_ptr<AliasGroup> own_group(const std::shared_ptr<Slot>& slot) {
+  return std::shared_ptr<AliasGroup>(slot, &slot->group);
+}
 
 class PlaceholderImpl final : public c10::TensorImpl {
  public:

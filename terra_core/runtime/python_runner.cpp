@@ -1,5 +1,6 @@
 #include "python_runner.h"
 
+#include "backward_hooks.h"
 #include "terra/location_key.h"
 #include "timeline.h"
 
@@ -178,16 +179,11 @@ void PythonRunner::end_iteration() {
   const int64_t end = now_ns();
   double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
   if (mode_ != Mode::Off) {
-    Span span;
-    span.kind = mode_ == Mode::CoExec ? SpanKind::CoExec
-                : mode_ == Mode::Eager ? SpanKind::Eager
-                : diverged_            ? SpanKind::Fallback
-                                       : SpanKind::Tracing;
-    span.start_ns = iteration_start_ns_;
-    span.end_ns = end;
-    span.iteration = iteration_serial_;
-    span.graph = graph_->name;
-    Timeline::instance().add(std::move(span));
+    add_span(mode_ == Mode::CoExec ? SpanKind::CoExec
+             : mode_ == Mode::Eager ? SpanKind::Eager
+             : diverged_            ? SpanKind::Fallback
+                                    : SpanKind::Tracing,
+             iteration_start_ns_, end);
   }
   switch (mode_) {
     case Mode::Tracing:
@@ -320,9 +316,12 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
   std::vector<const c10::TensorImpl*> inputs;
   torch::jit::Stack args_copy;
   if (kind != OpKind::Aten) args_copy = *stack;
+  const bool python_in_backward = kind == OpKind::Backward && backward_runs_python(*stack);
   if (kind == OpKind::Backward) snapshot_grads();
+  if (node != kNoNode && python_in_backward) graph_->nodes[node].tmpl.runs_python = true;
   if (node == kNoNode) {
     fresh = OpTemplate::record(kind, op, name, *stack);
+    fresh.runs_python = python_in_backward;
     for (const c10::IValue& v : *stack)
       inputs.push_back(v.isTensor() ? v.toTensor().unsafeGetTensorImpl() : nullptr);
   }
@@ -435,6 +434,19 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
     torch::jit::Stack args = *stack;
     exec(stack);
     note_grads(node, args, *stack, /*traced=*/false);
+    return true;
+  }
+  if (t.runs_python) {
+    // Hooks or a custom Function's backward: run it here, in program order, on real tensors.
+    ++graph_->fetches;
+    wait_for(runner().issued());
+    raise_if_failed();
+    materialize_all();
+    advance_sequence(runner().sequence());
+    torch::jit::Stack args = *stack;
+    snapshot_grads();
+    exec(stack);
+    note_grads(node, args, *stack, /*traced=*/true);
     return true;
   }
   switch (t.mode) {
@@ -570,6 +582,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->sequence_floor = at::sequence_number::peek();
   item->num_threads = num_threads_;
   item->iteration = iteration_serial_;
+  item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
 
   // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
   // in one pass over the arguments.
@@ -613,7 +626,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     auto slot = std::make_shared<Slot>();
     slot->seq = seq;
     std::shared_ptr<AliasGroup> group;
-    if (t.kind == OpKind::Aten) group = o.view ? base_group : std::make_shared<AliasGroup>();
+    if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
     item->outs[index] = std::move(slot);
     live_.emplace_back(p.getIntrusivePtr());
@@ -635,6 +648,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->args = std::move(*stack);
   *stack = std::move(returns);
   r.issue();
+  r.reclaim();  // drop executed items now: their outputs die soon, so the allocator reuses warm memory
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
@@ -696,18 +710,10 @@ void PythonRunner::wait_for(uint64_t seq) {
     GilReleased unlocked;
     runner_->wait_for(seq);
   }
-  if (mode_ == Mode::CoExec && graph_) {
-    Span span;
-    span.kind = SpanKind::FetchWait;
-    span.start_ns = start;
-    span.end_ns = now_ns();
-    span.iteration = iteration_serial_;
-    span.graph = graph_->name;
-    Timeline::instance().add(std::move(span));
-  }
+  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns());
 }
 
-void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+void PythonRunner::note_fallback(const std::string& reason, const std::string& op) {
   auto source = PythonStack::describe(root_);
   Fallback* known = nullptr;
   for (Fallback& f : graph_->fallbacks) {
@@ -720,19 +726,43 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op) {
     known = &graph_->fallbacks.back();
   }
   ++known->count;
+}
+
+void PythonRunner::opaque_begin(const std::string& reason, const std::string& what) {
+  if (mode_ == Mode::CoExec) {
+    note_fallback(reason, what);
+    ++graph_->fetches;
+    wait_for(runner().issued());
+    raise_if_failed();
+    materialize_all();
+    advance_sequence(runner().sequence());
+  }
+  pause();
+}
+
+void PythonRunner::opaque_end() { resume(); }
+
+void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+  note_fallback(reason, op);
   auto& root = graph_->roots[boundary_];
   ++root.divergences;
   root.stable = 0;
-  Span span;
-  span.kind = SpanKind::Diverge;
-  span.start_ns = now_ns();
+  const int64_t start = now_ns();
   mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
   leave_coexec();
   diverged_ = true;
-  span.end_ns = now_ns();
+  add_span(SpanKind::Diverge, start, now_ns(), op + ": " + reason);
+}
+
+void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::string detail) {
+  Span span;
+  span.kind = kind;
+  span.start_ns = start;
+  span.end_ns = end;
   span.iteration = iteration_serial_;
+  span.boundary = boundary_;
   span.graph = graph_->name;
-  span.detail = op + ": " + reason;
+  span.detail = std::move(detail);
   Timeline::instance().add(std::move(span));
 }
 

@@ -29,6 +29,7 @@
 #include "graph_runner.h"
 #include "op_template.h"
 #include "python_stack.h"
+#include "timeline.h"
 
 namespace terra::runtime {
 
@@ -68,6 +69,11 @@ class PythonRunner {
   // Something Terra cannot co-execute is about to happen (`what`): leave co-execution for the
   // rest of this iteration, recording `reason` for explain.
   void barrier(const std::string& reason, const std::string& what);
+  // Python code Terra runs as an opaque unit (a custom autograd.Function's forward): nothing in
+  // it is traced; during co-execution everything issued first completes and every placeholder
+  // becomes real, so the code sees eager state. `reason` is listed by explain.
+  void opaque_begin(const std::string& reason, const std::string& what);
+  void opaque_end();
   std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
 
   const char* mode_name() const;
@@ -83,6 +89,9 @@ class PythonRunner {
   void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   void diverge(const std::string& reason, const std::string& op);
+  void note_fallback(const std::string& reason, const std::string& op);
+  // A Python-lane span of the current iteration (timeline.h).
+  void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});
   void end_iteration();
   void begin_iteration(uint64_t boundary);
   void leave_coexec();

@@ -1,5 +1,6 @@
 #include "timeline.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace terra::runtime {
@@ -25,27 +26,34 @@ Timeline& Timeline::instance() {
 }
 
 void Timeline::add(Span span) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (ring_.size() < capacity_) {
-    ring_.push_back(std::move(span));
+  Ring& ring = lanes_[static_cast<int>(span.lane)];
+  std::lock_guard<std::mutex> lock(ring.mutex);
+  if (ring.spans.size() < ring.capacity) {
+    ring.spans.push_back(std::move(span));
     return;
   }
-  ring_[next_] = std::move(span);
-  next_ = (next_ + 1) % capacity_;
+  ring.spans[ring.next] = std::move(span);
+  ring.next = (ring.next + 1) % ring.capacity;
 }
 
 std::vector<Span> Timeline::spans() const {
-  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Span> out;
-  out.reserve(ring_.size());
-  for (size_t i = 0; i < ring_.size(); ++i) out.push_back(ring_[(next_ + i) % ring_.size()]);
+  for (const Ring& ring : lanes_) {
+    std::lock_guard<std::mutex> lock(ring.mutex);
+    for (size_t i = 0; i < ring.spans.size(); ++i)
+      out.push_back(ring.spans[(ring.next + i) % ring.spans.size()]);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Span& a, const Span& b) { return a.start_ns < b.start_ns; });
   return out;
 }
 
 void Timeline::clear() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  ring_.clear();
-  next_ = 0;
+  for (Ring& ring : lanes_) {
+    std::lock_guard<std::mutex> lock(ring.mutex);
+    ring.spans.clear();
+    ring.next = 0;
+  }
 }
 
 int64_t now_ns() {

@@ -34,24 +34,32 @@ struct Span {
   SpanKind kind = SpanKind::Tracing;
   int64_t start_ns = 0, end_ns = 0;
   uint64_t iteration = 0;  // serial number of the iteration, over all graphs
+  uint64_t boundary = 0;   // Python lane: the loop (iteration boundary id) the iteration belongs to
   std::string graph;       // the graph's name (Python lane; empty for the GraphRunner)
-  std::string detail;      // an op name or fallback reason
+  std::string detail;      // Python lane: the op and reason of a divergence
+  uint64_t ops = 0;        // GraphRunner: items executed in the span
+  int64_t busy_ns = 0;     // GraphRunner: time spent executing them (the rest it waited for work)
 };
 
 class Timeline {
  public:
   static Timeline& instance();
-  explicit Timeline(size_t capacity = 16384) : capacity_(capacity) {}
+  explicit Timeline(size_t capacity = 16384) : lanes_{Ring(capacity), Ring(capacity)} {}
 
+  // Each lane has its own ring and lock, so the two threads never wait for each other here.
   void add(Span span);
-  std::vector<Span> spans() const;  // oldest first
+  std::vector<Span> spans() const;  // both lanes, by start time
   void clear();
 
  private:
-  mutable std::mutex mutex_;
-  std::vector<Span> ring_;
-  size_t next_ = 0;  // where the next span goes once the ring is full
-  size_t capacity_;
+  struct Ring {
+    explicit Ring(size_t capacity) : capacity(capacity) {}
+    mutable std::mutex mutex;
+    std::vector<Span> spans;
+    size_t next = 0;  // where the next span goes once the ring is full
+    size_t capacity;
+  };
+  Ring lanes_[2];
 };
 
 int64_t now_ns();

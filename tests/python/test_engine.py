@@ -5,6 +5,8 @@ actually happening, divergence and its explanation, errors raised by ops in the 
 exceptions and KeyboardInterrupt in the middle of a co-executed iteration, placeholders that
 outlive the session, and the explicit `coexecute`/`iteration` API.
 """
+import threading
+
 import pytest
 import torch
 
@@ -249,3 +251,58 @@ def test_equal_code_in_two_modules_runs_the_right_function(tmp_path, monkeypatch
     assert terra.run(a.train, 3) == [2.0] * 3
     assert terra.run(b.train, 3) == [3.0] * 3
     assert terra.stats("train")["iteration_starts"] > 1  # the loops were instrumented
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * grad
+
+
+def _custom_function_program(order):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    lin.weight.register_hook(lambda g: order.append("hook") or g)
+    x = torch.randn(8, 4)
+    for _ in range(12):
+        loss = _Cube.apply(lin(x)).mean()
+        opt.zero_grad()
+        loss.backward()
+        order.append("after backward")
+        opt.step()
+    return lin.weight.detach().clone()
+
+
+def test_custom_function_and_hooks_run_in_program_order():
+    eager_order, terra_order = [], []
+    eager = _custom_function_program(eager_order)
+    result = terra.run(_custom_function_program, terra_order)
+    assert torch.equal(eager, result)
+    assert terra_order == eager_order  # each hook ran inside its backward, before the next line
+    stats = terra.stats("_custom_function_program")
+    assert stats["iterations_coexecuted"] > 0
+    reasons = [f["reason"] for f in terra.explain()]
+    assert any("custom autograd.Function" in r for r in reasons)
+
+
+def test_thread_start_leaves_coexecution_with_a_reason():
+    def program():
+        torch.manual_seed(0)
+        w = torch.randn(4, 4, requires_grad=True)
+        seen = []
+        for _ in range(10):
+            y = (w @ w).sum()
+            worker = threading.Thread(target=lambda: seen.append(float(y)))
+            worker.start()
+            worker.join()
+        return seen
+
+    assert terra.run(program) == program()
+    assert any(f["op"] == "threading.Thread.start" for f in terra.explain())

@@ -230,7 +230,8 @@ def timeline(name=None):
     events: [{lane: "python" | "graph", kind, start_ns, end_ns, iteration, graph, detail}] where
     Python-lane kinds are tracing / coexec / fallback / eager (one span per iteration) and
     fetch_wait / diverge (nested waits), and GraphRunner spans are "busy";
-    iterations: [{graph, index, mode, start_ns, end_ns}] from the Python lane's iteration spans.
+    iterations: [{graph, index, mode, loop, start_ns, end_ns}] from the Python lane's iteration
+    spans (`loop`: the id of the loop whose iteration it was).
     With a name, only that graph's iterations and the GraphRunner spans of those iterations."""
     events = _c().timeline()
     if name is not None:
@@ -238,7 +239,7 @@ def timeline(name=None):
         events = [e for e in events if e["iteration"] in mine]
     modes = {"tracing": "traced", "coexec": "coexec", "fallback": "fallback", "eager": "eager"}
     iterations = [dict(graph=e["graph"], index=e["iteration"], mode=modes[e["kind"]],
-                       start_ns=e["start_ns"], end_ns=e["end_ns"])
+                       loop=e["boundary"], start_ns=e["start_ns"], end_ns=e["end_ns"])
                   for e in events if e["lane"] == "python" and e["kind"] in modes]
     return {"events": events, "iterations": iterations}
 

@@ -9,9 +9,13 @@ session is open (and restored exactly afterwards):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
 - the global RNG state (`manual_seed`, `get_rng_state`, ...) and tensor attributes changed in
   place from Python (`requires_grad_`, `.requires_grad =`, `.data =`): wait for the GraphRunner
-  first, since ops already issued must see the old state.
+  first, since ops already issued must see the old state;
+- custom `autograd.Function.apply`: an opaque unit run eagerly in the program's thread;
+- `threading.Thread.start`: other threads are not intercepted, so the iteration leaves
+  co-execution (every placeholder becomes real) before one starts.
 """
 import functools
+import threading
 
 import torch
 import torch.autograd as _autograd
@@ -52,6 +56,23 @@ def _get_grad(self):
     return _C.grad_get(self)
 
 
+def _opaque_apply(cls, *args, **kwargs):
+    # A custom autograd.Function: its forward (and, through the backward-hook check, its
+    # backward) runs eagerly in the program's thread, untraced.
+    _C.opaque_begin("custom autograd.Function runs eagerly in the program's thread",
+                    f"{cls.__qualname__}.apply")
+    try:
+        return _original_apply.__func__(cls, *args, **kwargs)
+    finally:
+        _C.opaque_end()
+
+
+def _thread_start(self):
+    _C.barrier("a Python thread started: tensor reads in other threads are not intercepted",
+               "threading.Thread.start")
+    return _original_thread_start(self)
+
+
 def _set_grad(self, value):
     _C.grad_set(self, value, _base_grad.__set__)
 
@@ -61,6 +82,8 @@ def _del_grad(self):
 
 
 _original_run_backward = _autograd._engine_run_backward
+_original_apply = torch.autograd.Function.__dict__["apply"]
+_original_thread_start = threading.Thread.start
 
 _FETCHES = ("__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr",
             "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__")
@@ -93,6 +116,8 @@ def install():
     _set(torch.Tensor, "requires_grad_", _synced(torch.Tensor.requires_grad_))
     for name in ("requires_grad", "data"):
         _set(torch.Tensor, name, _synced_setter(getattr(torch._C.TensorBase, name)))
+    _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
+    _set(threading.Thread, "start", _thread_start)
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))

@@ -1,0 +1,182 @@
+"""Step time of every correctness-corpus program (tests/programs) under eager PyTorch and Terra,
+measured side by side in one run, and Terra's warm-up.
+
+For each program, rounds alternate an eager run and a Terra run (`terra.run(main)` after
+`terra.reset()`, so every Terra run starts cold). Both runs execute the same loop-instrumented
+`main` (Terra's own AST marking); in the eager run the marks only record a timestamp, so both
+sides cut the program into the same iterations.
+
+- steady-state step: median step time of the loop with the most iterations under Terra, over the
+  last half of that loop's iterations, so warm-up is excluded on both sides. Eager: time between
+  consecutive marks. Terra: from `terra.timeline()`, the time between the completions of
+  consecutive iterations, an iteration being complete when both its Python-lane span and the
+  GraphRunner's work for it have ended (the pipeline's throughput, not the Python thread's alone);
+- whole program: wall time of main(), including Terra's tracing, warm-up and final sync;
+- warm-up: iterations before the first co-executed one, and wall time from the first iteration's
+  start to that iteration's start;
+- co-executed share: co-executed iterations / all iterations Terra ran (traced, co-executed,
+  fallen back).
+Medians over the rounds. Results: bench/results/corpus_cpu.{json,md}.
+
+    .venv/bin/python bench/corpus.py [--rounds 3] [program-name-substring ...]
+"""
+import argparse
+import builtins
+import collections
+import contextlib
+import io
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import terra
+from terra import _loops
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "programs"))
+import corpus  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def steady(durations):
+    """Median of the last half of a loop's step durations (seconds), and how many there were."""
+    if not durations:
+        return None
+    return statistics.median(durations[len(durations) // 2:]), len(durations)
+
+
+def run_eager(target, loop=None):
+    marks = []
+    saved = getattr(builtins, _loops.MARK)
+    setattr(builtins, _loops.MARK, lambda loop: marks.append((loop, time.perf_counter_ns())))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            t0 = time.perf_counter()
+            target()
+            wall = time.perf_counter() - t0
+    finally:
+        setattr(builtins, _loops.MARK, saved)
+    durations = [(end - start) * 1e-9 for (mark, start), (_, end) in zip(marks, marks[1:])
+                 if mark == loop]
+    return wall, steady(durations)
+
+
+def run_terra(main):
+    terra.reset()
+    with contextlib.redirect_stdout(io.StringIO()):
+        t0 = time.perf_counter()
+        terra.run(main)
+        wall = time.perf_counter() - t0
+    timeline = terra.timeline()
+    its = timeline["iterations"]
+    done = {it["index"]: it["end_ns"] for it in its}
+    for e in timeline["events"]:
+        if e["lane"] == "graph" and e["iteration"] in done:
+            done[e["iteration"]] = max(done[e["iteration"]], e["end_ns"])
+    loop = collections.Counter(it["loop"] for it in its).most_common(1)[0][0]
+    mine = [it for it in its if it["loop"] == loop]
+    durations = [(done[b["index"]] - done[a["index"]]) * 1e-9 for a, b in zip(mine, mine[1:])
+                 if b["index"] == a["index"] + 1]
+    first = next((i for i, it in enumerate(its) if it["mode"] == "coexec"), None)
+    warm_iters = first if first is not None else len(its)
+    warm_s = (its[first]["start_ns"] - its[0]["start_ns"]) * 1e-9 if first is not None else None
+    coexec = sum(it["mode"] == "coexec" for it in its)
+    return wall, steady(durations), warm_iters, warm_s, coexec / max(1, len(its)), len(its), loop
+
+
+def measure(name, rounds):
+    main = corpus.load(name).main
+    target = terra._instrument(main) or main
+    eager, tr = [], []
+    loop = run_terra(main)[6]  # untimed: first-call costs (lazy initialisation) on neither side
+    for _ in range(rounds):
+        eager.append(run_eager(target, loop))
+        tr.append(run_terra(main))
+    med = statistics.median
+    e_steps = [r[1][0] for r in eager if r[1]]
+    t_steps = [r[1][0] for r in tr if r[1]]
+    e_step = med(e_steps) if e_steps else None
+    t_step = med(t_steps) if t_steps and e_step else None
+    warm_s = [r[3] for r in tr if r[3] is not None]
+    return {
+        "program": name,
+        "iterations": tr[0][5],
+        "loop_iterations": eager[0][1][1] if eager[0][1] else 0,
+        "eager_step_ms": e_step * 1e3 if t_step else None,
+        "terra_step_ms": t_step * 1e3 if t_step else None,
+        "step_ratio": t_step / e_step if t_step else None,
+        "eager_wall_s": med(r[0] for r in eager),
+        "terra_wall_s": med(r[0] for r in tr),
+        "wall_ratio": med(r[0] for r in tr) / med(r[0] for r in eager),
+        "warmup_iterations": med(r[2] for r in tr),
+        "warmup_s": med(warm_s) if warm_s else None,
+        "coexec_share": med(r[4] for r in tr),
+    }
+
+
+def write(rows, args):
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "rounds": args.rounds,
+    }
+    (RESULTS / "corpus_cpu.json").write_text(json.dumps({"meta": meta, "programs": rows}, indent=1))
+    geo = lambda xs: statistics.geometric_mean(xs) if xs else float("nan")  # noqa: E731
+    lines = [
+        "# Correctness corpus: step time under eager and Terra (CPU)",
+        "",
+        f"Generated by `bench/corpus.py` ({meta['date']}, torch {meta['torch']}, {meta['machine']}, "
+        f"{args.rounds} interleaved rounds, medians). Ratio = Terra / eager (lower is faster). "
+        "Steady step: the busiest loop's iterations, last half. Warm-up: iterations and wall time "
+        "before the first co-executed iteration.",
+        "",
+        "| program | iterations | co-executed | eager ms/step | Terra ms/step | step ratio | whole-program ratio | warm-up iterations | warm-up ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        warm = f"{r['warmup_s'] * 1e3:.1f}" if r["warmup_s"] is not None else "never"
+        step = (f"{r['eager_step_ms']:.3f} | {r['terra_step_ms']:.3f} | {r['step_ratio']:.2f}"
+                if r["step_ratio"] else "n/a | n/a | n/a (too few steady iterations)")
+        lines.append(
+            f"| {r['program']} | {r['iterations']} | {r['coexec_share'] * 100:.0f}% | {step} | "
+            f"{r['wall_ratio']:.2f} | {r['warmup_iterations']:.0f} | {warm} |")
+    lines += [
+        "",
+        f"Geometric mean step ratio {geo([r['step_ratio'] for r in rows if r['step_ratio']]):.2f}, "
+        f"whole-program ratio {geo([r['wall_ratio'] for r in rows]):.2f}; faster than eager in steady "
+        f"state on {sum((r['step_ratio'] or 9) < 1 for r in rows)} of {len(rows)} programs.",
+        "",
+    ]
+    (RESULTS / "corpus_cpu.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("only", nargs="*", help="substrings of program names to run")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    names = [n for n in corpus.PROGRAMS if not args.only or any(s in n for s in args.only)]
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        rows.append(measure(name, args.rounds))
+        r = rows[-1]
+        print(f"{name}: step ratio {r['step_ratio'] or float('nan'):.2f}, whole {r['wall_ratio']:.2f}, "
+              f"co-executed {r['coexec_share'] * 100:.0f}% ({time.perf_counter() - t0:.1f} s)",
+              file=sys.stderr)
+    write(rows, args)
+
+
+if __name__ == "__main__":
+    main()

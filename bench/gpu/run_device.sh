@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One prepared run on the lent GPU machine (torch with CUDA already installed there, no registries,
+# no xeus): builds the engine alone (kernel and GoogleTests off) against that machine's torch,
+# runs the engine tests and the CUDA tests, then the GPU benchmark; everything it reports goes to
+# $OUT (the device tool brings it back). Meant to finish within 8 minutes.
+#
+#   here:   bash bench/gpu/prepare.sh
+#   device: run(command="bash bench/gpu/run_device.sh", carry=[".device"], timeout_s=540)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="${OUT:-$root/.device/out}"
+mkdir -p "$out"
+log="$out/run_device.log"
+exec > >(tee "$log") 2>&1
+start=$(date +%s)
+py="$(command -v python3)"
+echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+"$py" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.is_available())"
+
+echo "== build (kernel off)"
+build=/tmp/terra-build
+prefix=/tmp/terra-install
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTERRA_BUILD_KERNEL=OFF \
+  -DTERRA_BUILD_TESTS=OFF -DPython_EXECUTABLE="$py" -DTERRA_JSON_INCLUDE="$root/.device/include" \
+  -DCMAKE_INSTALL_PREFIX="$prefix" || exit 1
+cmake --build "$build" -j "$(nproc)" || exit 1
+cmake --install "$build" > /dev/null || exit 1
+site="$("$py" -c "import sysconfig; print(sysconfig.get_path('purelib', vars={'base': '$prefix', 'platbase': '$prefix'}))")"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+echo "build done after $(( $(date +%s) - start )) s"
+
+echo "== tests"
+cd "$root"
+status=0
+PYTHONUNBUFFERED=1 "$py" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_engine.py \
+  tests/python/test_export.py --junitxml="$out/tests.xml" || status=$?
+echo "tests done after $(( $(date +%s) - start )) s (status $status)"
+
+echo "== benchmark"
+PYTHONUNBUFFERED=1 timeout 300 "$py" bench/gpu/bench.py --out "$out" || status=$?
+echo "== total $(( $(date +%s) - start )) s, status $status"
+exit $status

@@ -1,0 +1,51 @@
+#include "backward_hooks.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstring>
+#include <typeinfo>
+#include <unordered_set>
+#include <vector>
+
+namespace terra::runtime {
+
+namespace {
+
+// A custom Function's node (torch::autograd::PyNode). libtorch_python does not export that
+// class's type_info, so it is recognised by the (Itanium-mangled) name of the dynamic type.
+bool is_python_function(const torch::autograd::Node& n) {
+  return std::strcmp(typeid(n).name(), "N5torch8autograd6PyNodeE") == 0;
+}
+
+bool runs_python(torch::autograd::Node& n) {
+  // Hooks are opaque callables; any of them may be Python. Retain-grad hooks are kept apart by
+  // autograd and are not counted (they only store the gradient).
+  return is_python_function(n) || !n.pre_hooks().empty() ||
+         !n.post_hooks().empty() || !n.tensor_pre_hooks().empty() ||
+         n.tensor_post_acc_grad_hooks() != nullptr;
+}
+
+}  // namespace
+
+bool backward_runs_python(const torch::jit::Stack& args) {
+  if (args.empty() || !args[0].isTensorList()) return false;
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const at::Tensor& root : args[0].toTensorList()) {
+    if (!root.defined()) continue;
+    if (!torch::autograd::impl::hooks(root).empty()) return true;  // a hook on the root itself
+    if (auto fn = root.grad_fn()) todo.push_back(fn.get());
+  }
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (runs_python(*n)) return true;
+    for (const torch::autograd::Edge& e : n->next_edges())
+      if (e.function) todo.push_back(e.function.get());
+  }
+  return false;
+}
+
+}  // namespace terra::runtime
