@@ -102,7 +102,7 @@ function prepare(graph) {
     const b = blockOf.get(e.to);
     if (b && outDegree.get(e.from) > 1 && b.nodes[0] === e.to) choices.add(b.id);
   });
-  const maxCount = Math.max(1, ...edges.map((e) => e.count || 1));
+  const maxCount = edges.reduce((m, e) => Math.max(m, e.count || 1), 1);
   return { graph, nodes, blocks, blockOf, indexInBlock, edges, back, pathNodes, pathLinks,
            fallbackNodes, reasons, cases, choices, maxCount };
 }

@@ -40,6 +40,8 @@ function ticks(lo, hi, pixels) {
   return out;
 }
 
+const fmtTick = (t) => String(+t.toFixed(6)); // ticks are round numbers: no padding zeros
+
 function fmtMs(ms) {
   if (ms === 0) return "0";
   return ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms >= 1 ? ms.toFixed(2) : ms.toFixed(3);
@@ -66,8 +68,9 @@ function render({ model, el: root }) {
     const iterations = t.iterations || [];
     const starts = events.map((e) => e.start_ns).concat(iterations.map((i) => i.start_ns));
     const ends = events.map((e) => e.end_ns).concat(iterations.map((i) => i.end_ns));
-    origin = starts.length ? Math.min(...starts) : 0;
-    const end = ends.length ? Math.max(...ends) : origin + 1e6;
+    // (reduce, not Math.min(...xs): no argument-count limit however many spans come)
+    origin = starts.length ? starts.reduce((a, b) => Math.min(a, b)) : 0;
+    const end = ends.length ? ends.reduce((a, b) => Math.max(a, b)) : origin + 1e6;
     full = [0, Math.max((end - origin) / 1e6, 1e-3)];
     data = { t, events, iterations };
     const modes = {};
@@ -131,7 +134,7 @@ function render({ model, el: root }) {
     svg("line", { x1: M.left, x2: W - M.right, y1: axisY, y2: axisY }, axis);
     for (const t of ticks(lo, hi, plotW)) {
       svg("line", { x1: x(t), x2: x(t), y1: axisY, y2: axisY + 4 }, axis);
-      svg("text", { x: x(t), y: axisY + 16, "text-anchor": "middle", text: fmtMs(t) }, axis);
+      svg("text", { x: x(t), y: axisY + 16, "text-anchor": "middle", text: fmtTick(t) }, axis);
     }
     root.dataset.spansPython = counts.python || 0;
     root.dataset.spansGraph = counts.graph || 0;
@@ -147,14 +150,14 @@ function render({ model, el: root }) {
                   text: "Step time per iteration (ms), by how it ran" }, stepsChart);
     const its = data.iterations;
     const plotW = W - M.left - M.right;
-    const top = Math.max(1e-3, ...its.map((it) => (it.end_ns - it.start_ns) / 1e6));
+    const top = 1.08 * its.reduce((m, it) => Math.max(m, (it.end_ns - it.start_ns) / 1e6), 1e-3);
     const y = (ms) => M.top + M.steps - (ms / top) * M.steps;
     const axis = svg("g", { class: "terra-axis" }, stepsChart);
     svg("line", { x1: M.left, x2: M.left, y1: M.top, y2: M.top + M.steps }, axis);
     svg("line", { x1: M.left, x2: W - M.right, y1: M.top + M.steps, y2: M.top + M.steps }, axis);
     for (const t of ticks(0, top, M.steps * 2).filter((_, i, a) => a.length < 8 || i % 2 === 0)) {
       svg("line", { x1: M.left - 4, x2: M.left, y1: y(t), y2: y(t) }, axis);
-      svg("text", { x: M.left - 7, y: y(t) + 4, "text-anchor": "end", text: fmtMs(t) }, axis);
+      svg("text", { x: M.left - 7, y: y(t) + 4, "text-anchor": "end", text: fmtTick(t) }, axis);
     }
     svg("text", { class: "terra-lane-title", x: M.left, y: M.top + M.steps + 18,
                   text: its.length ? `${its.length} recent iterations, oldest first` :

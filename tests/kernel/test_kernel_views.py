@@ -144,6 +144,10 @@ def test_views_update_while_the_loop_runs(kc):
     timeline_open, _ = opened_and_displayed(ok(kc, "%terra timeline"), "AnyModel",
                                              "terra_kernel.views.TimelineView")
     before = graph_open["data"]["state"]["graph"]["stats"]["iterations_coexecuted"]
+    # Refreshes at most every 0.5 s (or 50x their cost) would make whether one falls inside this
+    # short loop a matter of timing: here every boundary refreshes.
+    ok(kc, "_views = get_ipython().magics_manager.registry['TerraMagics']._views\n"
+           "_views.interval, _views.cost_factor = 0.0, 0.0")
     messages = ok(kc, TRAIN)  # the training cell again: the same graph grows
     printed = next(i for i, m in enumerate(messages) if m["msg_type"] == "stream"
                    and "trained" in m["content"]["text"])
@@ -168,6 +172,22 @@ def test_views_update_while_the_loop_runs(kc):
     assert graphs and graphs[-1]["name"] != during[-1]["name"]
     assert graphs[-1]["cell"].startswith("In [")
     assert {"aten::mul.Tensor", "aten::ones"} <= {n["op"] for n in graphs[-1]["nodes"]}
+    ok(kc, "_views.interval, _views.cost_factor = 0.5, 50")
+
+
+def test_a_failing_refresh_stops_live_updates_not_the_loop(kc):
+    ok(kc, "%terra graph")
+    ok(kc, "_views = get_ipython().magics_manager.registry['TerraMagics']._views\n"
+           "_views.interval, _views.cost_factor = 0.0, 0.0\n"
+           "_graph = _views.graph\n"
+           "_views.graph = lambda name: 1 / 0")
+    messages = ok(kc, TRAIN)
+    assert "trained" in stdout(messages)
+    errors = "".join(m["content"]["text"] for m in messages
+                     if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+    assert errors.count("live view updates stopped: ZeroDivisionError") == 1, errors
+    ok(kc, "_views.graph = _graph\n_views.stopped = False\n"
+           "_views.interval, _views.cost_factor = 0.5, 50")
 
 
 @pytest.mark.parametrize("command, expected", [

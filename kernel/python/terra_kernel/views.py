@@ -9,9 +9,10 @@ executed headless shows the views when opened.
 
 Live updates: while a cell runs, `Views.push` refreshes the displayed views of the graph being
 run. The cell's co-execution calls it at iteration boundaries (`CellCoexecution.boundary_hook`),
-in the program's own thread (comm messages go out from the shell thread only), and at most
-every `interval` seconds, where the interval grows with the cost of a refresh so that refreshing
-never takes more than about 2% of the loop (bench/results/widget_overhead.md measures it).
+in the program's own thread (comm messages go out from the shell thread only), once a view is
+due: at most every `interval` seconds per view, and the gap grows with what the view's refresh
+costs, so that refreshing one view takes at most about 1% of a loop
+(bench/results/widget_overhead.md measures it).
 
 This module imports anywidget (and ipywidgets): the magics import it on first use, never at
 kernel start.
@@ -44,6 +45,8 @@ class _View(anywidget.AnyWidget):
         self._source = source  # the Views that made it
         self.follows = name is None  # None: always the graph run last (or running now)
         self.name = name
+        self.due = 0.0         # live refreshes: when the next is due, what the last one cost
+        self.cost = 0.0
         super().__init__(**kwargs)
 
     def __repr__(self):
@@ -92,8 +95,8 @@ class TimelineView(_View):
 class Views:
     """Makes the views of this kernel's graphs and keeps the displayed ones up to date."""
 
-    interval = 0.5       # seconds between live refreshes, at least
-    cost_factor = 50     # ... and at least this many times what the last refresh cost
+    interval = 0.5       # seconds between live refreshes of a view, at least
+    cost_factor = 100    # ... and at least this many times what its last refresh cost
     keep = 8             # live views kept (older ones stay as drawn)
     window = 300         # iterations a timeline view shows (the engine keeps more)
 
@@ -101,9 +104,10 @@ class Views:
         self.shell = shell
         self.cells = cells
         self.live = []
-        self.due = float("inf")  # perf_counter time of the next refresh (inf: none live)
+        self.due = float("inf")  # perf_counter time of the next refresh of a view
+        self.stopped = False     # a refresh failed: no more live refreshes
         self.ran = None          # the graph of the cell being run
-        self.pushes = 0          # live refreshes from iteration boundaries, and their cost
+        self.pushes = 0          # views refreshed from iteration boundaries, and their cost
         self.push_seconds = 0.0
         shell.events.register("pre_run_cell", self._pre_run_cell)
         shell.events.register("post_run_cell", self._post_run_cell)
@@ -139,42 +143,66 @@ class Views:
     def _track(self, view):
         self.live.append(view)
         del self.live[:-self.keep]
-        self.due = 0.0
         self.cells.boundary_hook = self
         self.cells.bind_mark()
         return view
 
     # -- live updates --------------------------------------------------------------------------
+    # Each view has its own schedule (`view.due`, a perf_counter time, and `view.cost`, what its
+    # last refresh took), so a cheap view stays live while an expensive one refreshes less often;
+    # `self.due` is the earliest due of the views showing the running graph.
+    def _gap(self, view):
+        return max(self.interval, self.cost_factor * view.cost)
+
+    def _showing(self, graph):
+        return [view for view in self.live
+                if view.follows or view.name == graph or getattr(view, "every_graph", False)]
+
     def _pre_run_cell(self, info):
         self.ran = self.cells.graph
+        # The views were refreshed after the last cell: the first refresh comes one gap into
+        # this one (a loop shorter than that gets only the refresh after it).
+        now = time.perf_counter()
+        for view in self.live:
+            view.due = now + self._gap(view)
+        self._schedule()
 
     def _post_run_cell(self, result):
         if self.ran is not None:
-            self.refresh(self.ran)
+            self._refresh(self.ran, only_due=False)
         self.ran = None
 
     def push(self):
         """Called at iteration boundaries while a cell runs (once `due`): refreshes the views
-        of the running graph."""
-        started = time.perf_counter()
-        try:
-            if self.cells.graph is None or not self.refresh(self.cells.graph):
-                return  # nothing recorded yet: try again at the next boundary
-        except Exception as error:  # a view must never break the user's loop
-            self.due = float("inf")
-            print(f"Terra: live view updates stopped: {type(error).__name__}: {error}",
-                  file=sys.stderr)
-            return
-        cost = time.perf_counter() - started
-        self.pushes += 1
-        self.push_seconds += cost
-        self.due = time.perf_counter() + max(self.interval, self.cost_factor * cost)
+        of the running graph that are due."""
+        if self.cells.graph is not None:
+            self._refresh(self.cells.graph, only_due=True)
+        self._schedule()
 
-    def refresh(self, graph):
-        """Refreshes the live views showing `graph`; False if it has recorded nothing yet."""
-        if graph not in viewdata.graph_names(self._terra(), [graph]):
-            return False
-        for view in self.live:
-            if view.follows or view.name == graph or getattr(view, "every_graph", False):
+    def _schedule(self):
+        if self.stopped or self.cells.graph is None:
+            self.due = float("inf")
+        else:
+            self.due = min((view.due for view in self._showing(self.cells.graph)), default=float("inf"))
+
+    def _refresh(self, graph, only_due):
+        """Refreshes the views showing `graph` (only those due, or all of them). Nothing happens
+        while `graph` has recorded no op: the views keep what they show, and stay due."""
+        if self.stopped or graph not in viewdata.graph_names(self._terra(), [graph]):
+            return
+        for view in self._showing(graph):
+            started = time.perf_counter()
+            if only_due and view.due > started:
+                continue
+            try:
                 view.refresh(graph if view.follows else view.name)
-        return True
+            except Exception as error:  # a view must never break the user's cell
+                self.stopped = True
+                print(f"Terra: live view updates stopped: {type(error).__name__}: {error}",
+                      file=sys.stderr)
+                return
+            view.cost = time.perf_counter() - started
+            view.due = time.perf_counter() + self._gap(view)
+            if only_due:
+                self.pushes += 1
+                self.push_seconds += view.cost
