@@ -4,8 +4,9 @@
 // steady-clock ns, see kernel/python/terra_kernel/viewdata.py) as two SVG charts:
 // - lanes "Python thread" and "GraphRunner", one bar per span coloured by its kind (an iteration
 //   traced, co-executed, fallen back or eager; waits for a fetch or a divergence drawn thinner
-//   inside the iteration they interrupt; GraphRunner busy); the wheel zooms the time axis,
-//   dragging pans it, hovering shows a span's details;
+//   inside the iteration they interrupt; GraphRunner busy); it opens on the last run (after the
+//   last idle gap, as between two cells; "Whole window" shows every span), the wheel zooms the
+//   time axis, dragging pans it, hovering shows a span's details;
 // - the step time of each iteration in order, coloured by how it ran; clicking a bar zooms the
 //   lanes to that iteration.
 
@@ -15,6 +16,7 @@ const COLORS = { tracing: "#e8a33d", coexec: "#4c9f70", fallback: "#d9534f", eag
 const MODE_KIND = { traced: "tracing", coexec: "coexec", fallback: "fallback", eager: "eager" };
 const NESTED = new Set(["fetch_wait", "diverge"]);
 const LANE_ORDER = ["python", "graph"];
+const IDLE_GAP_NS = 250e6; // no Python-lane span for this long: the program was idle (between cells)
 const M = { left: 104, right: 16, top: 26, lane: 34, laneGap: 10, axis: 26, steps: 150 };
 
 function el(tag, attrs = {}, parent = null, ns = null) {
@@ -60,7 +62,9 @@ function render({ model, el: root }) {
     "<span>wheel: zoom time · drag: pan · click a step bar: zoom to it</span>";
   const tip = el("div", { class: "terra-tooltip", hidden: true }, root);
 
-  let data = null, origin = 0, full = [0, 1], domain = null; // domain: ms shown (null: full)
+  // Time shown (ms): `domain` once the user zoomed or panned, else the last run (the spans after
+  // the last idle gap, as between two cells), and everything after "Whole window".
+  let data = null, origin = 0, full = [0, 1], lastRun = [0, 1], domain = null, whole = false;
 
   function rebuild() {
     const t = model.get("timeline") || {};
@@ -72,6 +76,15 @@ function render({ model, el: root }) {
     origin = starts.length ? starts.reduce((a, b) => Math.min(a, b)) : 0;
     const end = ends.length ? ends.reduce((a, b) => Math.max(a, b)) : origin + 1e6;
     full = [0, Math.max((end - origin) / 1e6, 1e-3)];
+    lastRun = full;
+    const spans = events.filter((e) => e.lane === "python").sort((a, b) => a.start_ns - b.start_ns);
+    let reach = -Infinity;
+    for (const e of spans) {
+      if (e.start_ns - reach > IDLE_GAP_NS) lastRun = [(e.start_ns - origin) / 1e6, full[1]];
+      reach = Math.max(reach, e.end_ns);
+    }
+    const pad = (lastRun[1] - lastRun[0]) * 0.01;
+    lastRun = [Math.max(0, lastRun[0] - pad), lastRun[1] + pad];
     data = { t, events, iterations };
     const modes = {};
     for (const it of iterations) modes[it.mode] = (modes[it.mode] || 0) + 1;
@@ -97,11 +110,12 @@ function render({ model, el: root }) {
     lanesChart.setAttribute("viewBox", `0 0 ${W} ${H}`);
     lanesChart.setAttribute("height", H);
     lanesChart.textContent = "";
-    const [lo, hi] = domain || full;
+    const [lo, hi] = domain || (whole ? full : lastRun);
     const plotW = W - M.left - M.right;
     const x = (ms) => M.left + ((ms - lo) / (hi - lo)) * plotW;
     svg("text", { class: "terra-chart-title", x: 8, y: 16,
-                  text: "Python thread and GraphRunner over time (ms)" }, lanesChart);
+                  text: "Python thread and GraphRunner over time (ms)" +
+                        (!domain && !whole && lastRun[0] > 0 ? ": the last run" : "") }, lanesChart);
     const clip = svg("clipPath", { id: `terra-clip-${model.cid || "t"}` }, svg("defs", {}, lanesChart));
     svg("rect", { x: M.left, y: 0, width: plotW, height: H }, clip);
     const plot = svg("g", { "clip-path": `url(#terra-clip-${model.cid || "t"})` }, lanesChart);
@@ -208,7 +222,7 @@ function render({ model, el: root }) {
     domain = [s - pad, t + pad];
     drawLanes();
   });
-  reset.addEventListener("click", () => { domain = null; drawLanes(); });
+  reset.addEventListener("click", () => { domain = null; whole = true; drawLanes(); });
 
   lanesChart.addEventListener("wheel", (e) => {
     e.preventDefault();
@@ -223,7 +237,7 @@ function render({ model, el: root }) {
   }, { passive: false });
   let drag = null;
   lanesChart.addEventListener("pointerdown", (e) => {
-    if (e.button === 0) drag = { x: e.clientX, d: (domain || full).slice() };
+    if (e.button === 0) drag = { x: e.clientX, d: (domain || (whole ? full : lastRun)).slice() };
   });
   const onMove = (e) => {
     if (!drag) return;

@@ -210,6 +210,26 @@ def test_timeline_view_draws_both_lanes_and_step_times(page):
     assert {"traced", "coexec"} <= modes, modes
 
 
+def test_views_follow_a_rerun_of_the_training_cell(page):
+    """Running the training cell again from the notebook: both views get the kernel's updates
+    and redraw with the grown graph's counts."""
+    graph = page.locator(".terra-graph-view .terra-summary")
+    steps = page.locator(".terra-timeline-view")
+    before, bars = graph.inner_text(), int(steps.get_attribute("data-bars"))
+    coexecuted = int(re.search(r"(\d+) co-executed", before).group(1))
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(2)  # markdown, setup, training
+    assert "for step in range(60)" in cell.inner_text()
+    cell.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "n => { const m = document.querySelector('.terra-graph-view .terra-summary').textContent"
+        ".match(/(\\d+) co-executed/); return m && +m[1] >= n; }", arg=coexecuted + 60)
+    page.wait_for_function(
+        "n => +document.querySelector('.terra-timeline-view').dataset.bars > n", arg=bars)
+    wait_idle(page)
+    page.locator(".terra-timeline-view").screenshot(path=str(ARTIFACTS / "timeline_after_rerun.png"))
+
+
 @pytest.mark.parametrize("trusted", [True, False])
 def test_a_notebook_run_headless_shows_the_views_it_saved(lab, page, trusted):
     """Executed by nbclient (scripts/run_notebook.py) and opened without running it: trusted, the
