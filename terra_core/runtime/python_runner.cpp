@@ -206,7 +206,7 @@ void PythonRunner::end_iteration() {
       break;
   }
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
-  occurrences_.clear();
+  if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
   if (live_.size() > 4096) {
     live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& w) { return w.expired(); }),
                 live_.end());
@@ -249,8 +249,11 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
 
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
   uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_));
-  uint32_t& n = occurrences_[base];
-  return terra::hash_combine(base, n++);
+  // Counts restart every iteration: an entry from an earlier iteration counts as zero, so the map
+  // keeps its nodes from one iteration to the next instead of being cleared and refilled.
+  Occurrence& n = occurrences_[base];
+  if (n.iteration != iteration_serial_) n = Occurrence{iteration_serial_, 0};
+  return terra::hash_combine(base, n.count++);
 }
 
 void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
@@ -632,7 +635,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     live_.emplace_back(p.getIntrusivePtr());
     return p;
   };
-  torch::jit::Stack returns;
+  // Buffers circulate instead of being allocated: the item takes the arguments' vector, the
+  // caller's stack takes the returns' (scratch) vector, scratch takes the item's old empty one.
+  torch::jit::Stack& returns = scratch_;
+  returns.clear();
   for (int n : t.return_sizes) {
     if (n == -1) {
       returns.emplace_back(make_out());
@@ -645,8 +651,9 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
       returns.emplace_back();
     }
   }
-  item->args = std::move(*stack);
-  *stack = std::move(returns);
+  item->args.clear();
+  item->args.swap(*stack);
+  stack->swap(returns);
   r.issue();
   r.reclaim();  // drop executed items now: their outputs die soon, so the allocator reuses warm memory
 }

@@ -119,8 +119,13 @@ class PythonRunner {
   bool diverged_ = false;   // this iteration fell back
   int64_t iteration_start_ns_ = 0;
   uint64_t iteration_serial_ = 0;  // iterations begun, over all graphs (timeline)
-  std::unordered_map<uint64_t, uint32_t> occurrences_;
+  struct Occurrence {
+    uint64_t iteration = 0;  // the iteration `count` belongs to
+    uint32_t count = 0;
+  };
+  std::unordered_map<uint64_t, Occurrence> occurrences_;
   std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
+  torch::jit::Stack scratch_;   // issue(): the returns' buffer, reused
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   uint64_t last_external_write_ = 0;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host

@@ -306,3 +306,27 @@ def test_thread_start_leaves_coexecution_with_a_reason():
 
     assert terra.run(program) == program()
     assert any(f["op"] == "threading.Thread.start" for f in terra.explain())
+
+
+def _make_closure_trainer(lr):
+    w = torch.randn(4, 4, requires_grad=True)
+
+    def train(steps):
+        for _ in range(steps):
+            loss = (w @ w).sin().sum()
+            loss.backward()
+            with torch.no_grad():
+                w.sub_(lr * w.grad)
+                w.grad.zero_()
+        return w.detach().clone()
+
+    return train
+
+
+def test_closures_get_their_loops_marked():
+    torch.manual_seed(0)
+    eager = _make_closure_trainer(0.05)(12)
+    torch.manual_seed(0)
+    result = terra.run(_make_closure_trainer(0.05), 12)
+    assert torch.equal(eager, result)
+    assert terra.stats("_make_closure_trainer.<locals>.train")["iterations_coexecuted"] >= 8

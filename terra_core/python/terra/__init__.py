@@ -21,6 +21,7 @@ import inspect
 import sys
 import textwrap
 import threading
+import types
 
 from . import _loops
 
@@ -129,34 +130,56 @@ def iteration():
 _instrumented = {}
 
 
+def _instrumented_code(fn):
+    """`fn`'s code recompiled with iteration boundaries on its loops, with the same free variables
+    (compiled inside a factory taking them as parameters), or None if not possible."""
+    code = fn.__code__
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != fn.__name__:
+        return None
+    fdef.decorator_list = []
+    if not _loops.mark_loops(fdef.body, fn.__qualname__):
+        return None
+    factory = ast.FunctionDef(
+        name="__terra_factory__",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in code.co_freevars],
+                           kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[fdef, ast.Return(ast.Name(fn.__name__, ast.Load()))], decorator_list=[])
+    module = ast.Module(body=[factory], type_ignores=[])
+    ast.fix_missing_locations(module)
+    ast.increment_lineno(module, code.co_firstlineno - 1)
+    namespace = {}
+    try:
+        exec(compile(module, code.co_filename, "exec"), fn.__globals__, namespace)
+    except SyntaxError:
+        return None
+    new_code = next(c for c in namespace["__terra_factory__"].__code__.co_consts
+                    if isinstance(c, type(code)) and c.co_name == fn.__name__)
+    return new_code if set(new_code.co_freevars) <= set(code.co_freevars) else None
+
+
 def _instrument(fn):
-    """The function recompiled with iteration boundaries on its loops (None if not possible)."""
+    """The function with iteration boundaries on its loops (None if not possible), bound to the
+    same globals, defaults and closure cells as `fn`."""
     code = fn.__code__
     # By identity: code objects of equal bytecode compare equal across modules, and the copy is
     # bound to this function's globals.
     key = (id(code), id(fn.__globals__))
     cached = _instrumented.get(key)
-    if cached is not None and cached[0] is code and cached[1] is fn.__globals__:
-        return cached[2]
-    result = None
-    if not code.co_freevars:
-        try:
-            source = textwrap.dedent(inspect.getsource(fn))
-            tree = ast.parse(source)
-            fdef = tree.body[0]
-            if isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) and fdef.name == fn.__name__:
-                fdef.decorator_list = []
-                if _loops.mark_loops(fdef.body, fn.__qualname__):
-                    ast.increment_lineno(tree, code.co_firstlineno - 1)
-                    namespace = {}
-                    exec(compile(tree, code.co_filename, "exec"), fn.__globals__, namespace)
-                    new = namespace[fn.__name__]
-                    new.__defaults__, new.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
-                    result = new
-        except (OSError, TypeError, SyntaxError, IndexError):
-            result = None
-    _instrumented[key] = (code, fn.__globals__, result)
-    return result
+    if cached is None or cached[0] is not code or cached[1] is not fn.__globals__:
+        cached = _instrumented[key] = (code, fn.__globals__, _instrumented_code(fn))
+    new_code = cached[2]
+    if new_code is None:
+        return None
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    new = types.FunctionType(new_code, fn.__globals__, fn.__name__, fn.__defaults__,
+                             tuple(cells[n] for n in new_code.co_freevars))
+    new.__kwdefaults__, new.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return new
 
 
 def run(fn, *args, **kwargs):
