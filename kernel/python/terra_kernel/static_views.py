@@ -50,26 +50,26 @@ def graph_svg(graph, max_blocks=400):
         if a is None or b is None or a == b or index in back:
             continue
         links[(a, b)] = links.get((a, b), 0) + e.get("count", 1)
-    # Longest-path layers over the block DAG (Kahn order; edges that would close a cycle are
-    # dropped by visiting each block once).
-    layer = {b["id"]: 0 for b in blocks}
+    # Longest-path layers over the block DAG, in Kahn order; where a cycle leaves no block ready,
+    # the first unvisited block goes next and the edges into visited blocks are ignored.
+    after = {}
     indegree = {b["id"]: 0 for b in blocks}
     for (a, b) in links:
+        after.setdefault(a, []).append(b)
         indegree[b] += 1
+    layer = dict.fromkeys(indegree, 0)
     ready = [b for b, d in indegree.items() if d == 0]
     seen = set()
-    while ready or len(seen) < len(layer):
-        if not ready:
-            ready = [next(b for b in layer if b not in seen)]
-        a = ready.pop()
+    while len(seen) < len(layer):
+        a = ready.pop() if ready else next(b for b in layer if b not in seen)
         if a in seen:
             continue
         seen.add(a)
-        for (x, b), _ in links.items():
-            if x == a and b not in seen:
+        for b in after.get(a, ()):
+            if b not in seen:
                 layer[b] = max(layer[b], layer[a] + 1)
                 indegree[b] -= 1
-                if indegree[b] <= 0:
+                if indegree[b] == 0:
                     ready.append(b)
     rows = {}
     for b in blocks:
