@@ -181,12 +181,17 @@ function layout(P, collapsed) {
     for (const [b, count] of links[a]) { sum += col[b] * count; weight += count; }
     return weight ? sum / weight : col[a];
   };
+  // Ties (alternatives below one branch point) go heaviest first: the most-taken path keeps the
+  // leftmost column and stays a straight line down the graph.
+  const weightIn = B.map((_, a) => [...pred[a].values()].reduce((x, y) => x + y, 0));
+  const byPred = (x, y) => barycenter(pred, x) - barycenter(pred, y) || weightIn[y] - weightIn[x];
+  const bySucc = (x, y) => barycenter(succ, x) - barycenter(succ, y) || weightIn[y] - weightIn[x];
+  for (const rank of ranks) rank.sort((x, y) => weightIn[y] - weightIn[x]);
   place();
   for (let sweep = 0; sweep < 2; sweep++) {
-    for (const rank of ranks) rank.sort((x, y) => barycenter(pred, x) - barycenter(pred, y));
+    for (const rank of ranks) rank.sort(byPred);
     place();
-    for (const rank of [...ranks].reverse())
-      rank.sort((x, y) => barycenter(succ, x) - barycenter(succ, y));
+    for (const rank of [...ranks].reverse()) rank.sort(bySucc);
     place();
   }
   const boxes = new Map();
