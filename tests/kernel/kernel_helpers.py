@@ -54,3 +54,26 @@ def drain(kc):
                 get(timeout=0.05)
             except queue.Empty:
                 break
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def opened_and_displayed(messages, model_name, anywidget_id=None):
+    """Returns (comm_open content, display_data content) of the one widget model `model_name`
+    (and, for anywidget models, `_anywidget_id`) that `messages` open and display."""
+    opens = [m for m in messages if m["msg_type"] == "comm_open"
+             and m["content"]["data"]["state"].get("_model_name") == model_name
+             and anywidget_id in (None, m["content"]["data"]["state"].get("_anywidget_id"))]
+    assert len(opens) == 1, [m["msg_type"] for m in messages]
+    message = opens[0]
+    opened = message["content"]
+    assert opened["target_name"] == "jupyter.widget"
+    views = [m["content"] for m in messages if m["msg_type"] == "display_data"
+             and WIDGET_VIEW in m["content"]["data"]
+             and m["content"]["data"][WIDGET_VIEW]["model_id"] == opened["comm_id"]]
+    assert len(views) == 1
+    view = views[0]["data"][WIDGET_VIEW]
+    assert view["version_major"] == 2
+    assert message["metadata"]["version"].startswith("2.")  # widget protocol version
+    return opened, views[0]

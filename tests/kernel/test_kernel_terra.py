@@ -192,7 +192,7 @@ def test_magics_report(kc):
     ok(kc, TRAIN.format(steps=30, extra="if step == 25: x = x * 1.5"))
     status = ok(kc, "%terra status")
     assert "co-exec" in status and "cell-" in status
-    assert "branch points" in ok(kc, "%terra graph")
+    assert "branch points" in ok(kc, "%terra graph --text")
     assert "warmup = " in ok(kc, "%terra config")
     ok(kc, "%terra config warmup=2 summary=off")
     assert "warmup = 2" in ok(kc, "%terra config")

@@ -1,25 +1,6 @@
 """Widgets through xeus's comms: an ipywidgets slider and an anywidget widget each open a comm
 and display a view of it; state sent by the frontend reaches the kernel-side model."""
-from kernel_helpers import collect, execute, stdout
-
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-
-def opened_and_displayed(messages, model_name):
-    """Returns (comm_open message, display_data content) of the widget model `model_name`."""
-    opens = [m for m in messages if m["msg_type"] == "comm_open"
-             and m["content"]["data"]["state"].get("_model_name") == model_name]
-    assert len(opens) == 1, [m["msg_type"] for m in messages]
-    message = opens[0]
-    opened = message["content"]
-    assert opened["target_name"] == "jupyter.widget"
-    views = [m["content"] for m in messages if m["msg_type"] == "display_data"
-             and WIDGET_VIEW in m["content"]["data"]]
-    assert len(views) == 1
-    view = views[0]["data"][WIDGET_VIEW]
-    assert (view["version_major"], view["model_id"]) == (2, opened["comm_id"])
-    assert message["metadata"]["version"].startswith("2.")  # widget protocol version
-    return opened, views[0]
+from kernel_helpers import collect, execute, opened_and_displayed, stdout
 
 
 def test_ipywidgets_slider_opens_comm_and_displays(kernel):

@@ -12,6 +12,8 @@ EXPECTED = {
     "quickstart": ["final weights bitwise equal to eager: True", "co-executed"],
     "dynamic_control_flow": ["co-executed", "fell back"],
     "inference_numpy": ["boxes kept in all", "co-executed"],
+    "graph_views": ["graph of the training cell", "co-executed", "Terra graph In [2]",
+                    "Terra timeline of In [2]"],
 }
 
 

@@ -10,7 +10,9 @@ Each cell execution is one Terra session, so nothing changes in the user's code:
 - ops are keyed by their call stack up to the cell's own statement frame (the walk stops at
   IPython's `run_code`), so re-running a cell grows the same TraceGraph and functions defined in
   other cells are shared;
-- after a cell that co-executed, one summary line (configurable) says what happened.
+- after a cell that co-executed, one summary line (configurable) says what happened;
+- while live views are displayed (`views.Views`), iteration boundaries also call their `push`
+  once it is due; otherwise a boundary is the engine's C function alone.
 """
 import ast
 import builtins
@@ -30,7 +32,8 @@ class CellCoexecution:
         self.forced = None       # %%terra [off]: overrides `enabled` for the cell it runs
         self.summary = True      # the one-line summary after each co-executed cell
         self.graph = None        # graph name of the cell being run (None: Terra off for it)
-        self.labels = {}         # graph name -> "In [n]" of its last run
+        self.labels = {}         # graph name -> "In [n]" of its last run, in the order run
+        self.boundary_hook = None  # live views: `push()` once `due` (perf_counter) has passed
         self.session_depth = None
         self.depth = 0
         self.before = None
@@ -55,6 +58,7 @@ class CellCoexecution:
             self.graph = None
             return
         self.graph = "cell-" + hashlib.sha1(raw.encode()).hexdigest()[:10]
+        self.labels.pop(self.graph, None)
         self.labels[self.graph] = f"In [{self.shell.execution_count}]"
         if "torch" in sys.modules:
             self.open()
@@ -80,7 +84,25 @@ class CellCoexecution:
         self.started = time.perf_counter()
         terra._enter(self.graph, stop_code=self.stop_code)
         self.session_depth = self.depth
-        setattr(builtins, _loops.MARK, sys.modules["terra._C"].mark)  # no Python call per boundary
+        self.bind_mark()
+
+    def bind_mark(self):
+        """What loop boundaries call while the session is open: the engine's C function (no
+        Python call per boundary), or with live views a wrapper that also pushes their updates."""
+        if self.session_depth is None:
+            return
+        engine_mark = sys.modules["terra._C"].mark
+        hook = self.boundary_hook
+        if hook is None:
+            setattr(builtins, _loops.MARK, engine_mark)
+            return
+
+        def mark(boundary, engine_mark=engine_mark, clock=time.perf_counter, hook=hook):
+            engine_mark(boundary)
+            if clock() >= hook.due:
+                hook.push()
+
+        setattr(builtins, _loops.MARK, mark)
 
     def close(self):
         import terra

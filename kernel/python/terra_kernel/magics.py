@@ -4,18 +4,29 @@ Real IPython magics (a ``Magics`` class registered on the shell), so ``%lsmagic`
 completion of ``%ter`` and history all work. Bad arguments raise ``UsageError``, which IPython
 shows as a short message, never a traceback.
 """
+import json
 import shlex
-import sys
+from pathlib import Path
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display
+
+from . import viewdata
 
 USAGE = """\
 %terra on              co-execute the following cells (the default)
 %terra off             run the following cells eagerly
 %terra status          one row per graph: iterations traced / co-executed / fallen back
 %terra explain [N]     every fallback to eager: reason, op and source line (N: one cell)
-%terra graph [N]       the TraceGraph of a cell as text (N: In [N]; default: the last)
+%terra graph [N]       interactive view of a cell's TraceGraph: blocks, last path, fallbacks
+                       (N: In [N] or a graph name; default: the cell run last; it follows
+                       new runs live); --text: a text summary instead
+%terra timeline [N]    Python thread and GraphRunner over recent iterations, and the step
+                       time of each (--all: every graph's iterations)
+%terra timeline [N] --export FILE.json
+                       write them as a Chrome trace (open it in Perfetto or chrome://tracing)
+%terra steps [N]       step time of each recent iteration, by how it ran (Vega-Lite chart)
 %terra reset           drop every recorded graph
 %terra config          list the settings; %terra config key=value ... to change them
 %terra version         the engine's version
@@ -43,21 +54,10 @@ class TerraMagics(Magics):
     def __init__(self, shell, cells):
         super().__init__(shell)
         self.cells = cells
+        self._views = None
 
     @line_magic
     def terra(self, line):
-        """Controls and inspects Terra's co-execution of this notebook.
-
-        %terra on              co-execute the following cells (the default)
-        %terra off             run the following cells eagerly
-        %terra status          one row per graph: iterations traced / co-executed / fallen back
-        %terra explain [N]     every fallback to eager: reason, op and source line
-        %terra graph [N]       the TraceGraph of a cell (In [N]; default: the last) as text
-        %terra reset           drop every recorded graph
-        %terra config          list settings; %terra config key=value ... changes them
-        %terra version         the engine's version
-        %%terra [off]          (cell magic) co-execute this cell, or run it eagerly
-        """
         try:
             words = shlex.split(line)
         except ValueError as e:
@@ -117,7 +117,7 @@ class TerraMagics(Magics):
         terra = self._engine()
         mode = "on" if self.cells.enabled else "off"
         print(f"Terra {terra.__version__}: co-execution {mode}")
-        graphs = _graphs(terra)
+        graphs = viewdata.graph_names(terra)
         if not graphs:
             print("no graphs yet: run a cell with a PyTorch loop")
             return
@@ -135,14 +135,14 @@ class TerraMagics(Magics):
 
     def _graph_for(self, args, command):
         terra = self._engine()
-        graphs = _graphs(terra)
+        if len(args) > 1:
+            raise UsageError(f"%terra {command}: expected at most one cell or graph, got {args}\n{USAGE}")
         if not args:
-            recent = [name for name in self.cells.labels if name in graphs]
-            if recent:
-                return recent[-1]
-            if graphs:
-                return graphs[-1]
-            raise UsageError("no graphs yet: run a cell with a PyTorch loop")
+            latest = viewdata.latest_graph(terra, self.cells.labels)
+            if latest is None:
+                raise UsageError("no graphs yet: run a cell with a PyTorch loop")
+            return latest
+        graphs = viewdata.graph_names(terra)
         want = args[0]
         for name, label in self.cells.labels.items():
             if want in (name, label, label[4:-1]):
@@ -153,21 +153,35 @@ class TerraMagics(Magics):
 
     def _cmd_explain(self, args):
         terra = self._engine()
-        names = [self._graph_for(args, "explain")] if args else _graphs(terra)
+        names = [self._graph_for(args, "explain")] if args else viewdata.graph_names(terra)
         found = False
         for name in names:
             for f in terra.explain(name):
                 found = True
                 where = f["where"]
-                place = f"{_place(self.shell, where[0])}, line {where[1]}" if where else "?"
+                place = f"{viewdata.place(self.shell, where[0])}, line {where[1]}" if where else "?"
                 print(f"{self.cells.labels.get(name, name)}: {place}: {f['op']} ×{f['count']}")
                 print(f"    {f['reason']}")
         if not found:
             print("Terra: no fallbacks: every traced path was co-executed as recorded")
 
+    def _views_of(self):
+        if self._views is None:
+            from .views import Views  # imports anywidget: only when a view is first shown
+
+            self._views = Views(self.shell, self.cells)
+        return self._views
+
     def _cmd_graph(self, args):
-        terra = self._engine()
+        flags, args = _options("graph", args, {"--text": False})
         name = self._graph_for(args, "graph")
+        if flags["--text"]:
+            self._graph_text(name)
+            return
+        display(self._views_of().graph_view(name, follow=not args))
+
+    def _graph_text(self, name):
+        terra = self._engine()
         nodes = terra._C.nodes(name)
         s = terra.stats(name)
         print(f"{self.cells.labels.get(name, name)} ({name}): {s['nodes']} nodes, {s['edges']} edges, "
@@ -175,10 +189,44 @@ class TerraMagics(Magics):
         branches = [(i, n) for i, n in enumerate(nodes) if len(n["succ"]) > 1]
         print(f"branch points: {len(branches)}")
         for i, n in branches[:20]:
-            where = next((f for f in n["source"] if "/torch/" not in f[0] and "/terra/" not in f[0]), None)
+            where = viewdata.user_frame(n["source"])
             line = f" (line {where[1]})" if where else ""
             taken = ", ".join(f"→{to} ×{count}" for to, count in n["succ"])
             print(f"  #{i} {n['label']}{line}: {taken}")
+
+    def _cmd_timeline(self, args):
+        flags, args = _options("timeline", args, {"--export": True, "--all": False})
+        if flags["--all"] and args:
+            raise UsageError(f"%terra timeline: --all takes no cell or graph\n{USAGE}")
+        if flags["--all"]:
+            name = viewdata.latest_graph(self._engine(), self.cells.labels)
+        else:
+            name = self._graph_for(args, "timeline")
+        if flags["--export"]:
+            data = viewdata.timeline(self._engine(), None if flags["--all"] else name)
+            trace = viewdata.chrome_trace(data)
+            path = Path(flags["--export"]).expanduser()
+            try:
+                path.write_text(json.dumps(trace))
+            except OSError as error:
+                raise UsageError(f"%terra timeline: cannot write {path}: {error.strerror}")
+            spans = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
+            print(f"Terra: wrote {spans} spans of {len(data['iterations'])} iterations to {path} "
+                  "(Chrome trace format: open it in https://ui.perfetto.dev or chrome://tracing)")
+            return
+        display(self._views_of().timeline_view(name, follow=not args, every_graph=flags["--all"]))
+
+    def _cmd_steps(self, args):
+        from . import static_views
+
+        name = self._graph_for(args, "steps")
+        data = viewdata.timeline(self._engine(), name, window=1000)
+        data["graph"] = self.cells.labels.get(name, name)
+        rows = static_views.steps(data)
+        text = (f"Terra: step time of {len(rows)} recent iterations of {data['graph']}\n"
+                + static_views.steps_text(rows))
+        display({static_views.VEGA_LITE: static_views.steps_vegalite(data), "text/plain": text},
+                raw=True)
 
     def _cmd_config(self, args):
         terra = self._engine()
@@ -210,22 +258,32 @@ class TerraMagics(Magics):
         print("Terra: settings updated")
 
 
-def _graphs(terra):
-    """Graphs that recorded at least one op (cells without PyTorch work leave empty ones)."""
-    names = []
-    for name in terra._C.graphs():
-        s = terra.stats(name)
-        if s["ops_traced"] + s["ops_coexecuted"]:
-            names.append(name)
-    return names
+def _options(command, args, known):
+    """Splits `--flag` / `--flag VALUE` options (`known`: flag -> takes a value) from the
+    positional arguments; unknown flags are usage errors."""
+    flags = dict.fromkeys(known, False)
+    rest = []
+    words = iter(args)
+    for word in words:
+        if not word.startswith("--"):
+            rest.append(word)
+            continue
+        flag, eq, value = word.partition("=")
+        if flag not in known:
+            raise UsageError(f"%terra {command}: unknown option {flag!r}\n{USAGE}")
+        if known[flag]:
+            value = value if eq else next(words, "")
+            if not value:
+                raise UsageError(f"%terra {command}: {flag} needs a value\n{USAGE}")
+            flags[flag] = value
+        elif eq:
+            raise UsageError(f"%terra {command}: {flag} takes no value\n{USAGE}")
+        else:
+            flags[flag] = True
+    return flags, rest
 
 
-def _place(shell, filename):
-    """`In [n]` for a cell's file name, else the file name."""
-    mapping = getattr(getattr(shell, "compile", None), "_filename_map", {}) or {}
-    if filename in mapping:
-        return f"In [{mapping[filename]}]"
-    return filename
+TerraMagics.terra.__doc__ = "Controls and inspects Terra's co-execution of this notebook.\n\n" + USAGE
 
 
 def register(shell, cells):
