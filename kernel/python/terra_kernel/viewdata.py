@@ -75,7 +75,10 @@ def timeline(terra, name=None, window=None):
     """Recent iterations of graph `name` (None: of all graphs), with the lanes' titles; with a
     `window`, only the spans of the last `window` iterations (the engine keeps thousands: a view
     redrawn while a loop runs needs the recent ones only)."""
-    data = dict(terra.timeline(name))
+    # The engine converts only the newest iterations' spans when asked (over all graphs, so a named
+    # graph's window is cut below, from a margin of other graphs' iterations).
+    last = None if window is None else (window if name is None else 4 * window)
+    data = dict(terra.timeline(name, last=last))
     iterations = data.get("iterations", [])
     if window is not None and len(iterations) > window:
         kept = iterations[-window:]
