@@ -73,10 +73,10 @@ void GraphRunner::reclaim() {
   for (; reclaimed_ < d; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
 }
 
-void GraphRunner::wait_for(uint64_t seq) {
+void GraphRunner::wait_for(uint64_t seq, bool spin) {
   seq = std::min(seq, issued_);  // never wait for an item that was not issued
   if (done() >= seq) return;
-  for (int i = 0; i < 200 && done() < seq; ++i) std::this_thread::yield();
+  for (int i = 0; spin && i < 200 && done() < seq; ++i) std::this_thread::yield();
   if (done() >= seq) return;
   std::unique_lock<std::mutex> lock(mutex_);
   waiters_.fetch_add(1);

@@ -88,7 +88,7 @@ class GraphRunner {
   uint64_t issued() const { return issued_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
   // Blocks until every item up to `seq` has been executed (or skipped after an error).
-  void wait_for(uint64_t seq);
+  void wait_for(uint64_t seq, bool spin = true);
   void drain() { wait_for(issued_); }
   // Python thread: drop the references held by executed items.
   void reclaim();

@@ -23,6 +23,9 @@ namespace {
 constexpr c10::DispatchKey kTerraKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 constexpr uint32_t kNoNode = UINT32_MAX;
 constexpr uint64_t kEntryBoundary = 1;
+// How far (in issued ops) the program thread may run ahead of the GraphRunner before it sleeps,
+// and how far the GraphRunner must catch up before it wakes.
+constexpr uint64_t kAheadHigh = 64, kAheadLow = 32;
 
 void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraKey, on); }
 
@@ -656,6 +659,12 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   stack->swap(returns);
   r.issue();
   r.reclaim();  // drop executed items now: their outputs die soon, so the allocator reuses warm memory
+  if (r.issued() - r.done() > kAheadHigh) {
+    // Far ahead of the GraphRunner: sleep until it has caught up halfway, leaving the cores to
+    // it (and its intra-op threads) instead of competing with them for work Python cannot use yet.
+    GilReleased unlocked;
+    r.wait_for(r.issued() - kAheadLow, /*spin=*/false);
+  }
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
