@@ -75,6 +75,27 @@ def test_error_reply_then_next_cell_runs(kernel):
     assert reply["status"] == "ok" and stdout(messages) == "next\n"
 
 
+def test_error_reply_even_when_ipython_cannot_format_the_traceback(kernel):
+    # IPython 8.5's formatter (stack_data) fails on some frames, for instance one interrupted
+    # before its first line; IPython then recorded no error and the interrupted cell's reply said
+    # "ok". Simulated by breaking the formatter.
+    km, kc = kernel
+    reply, _ = execute(kc, "import IPython.core.ultratb as _ultratb\n"
+                           "_format = _ultratb.VerboseTB.format_exception_as_a_whole\n"
+                           "def _broken(*args, **kwargs):\n"
+                           "    raise RuntimeError('formatter broke')\n"
+                           "_ultratb.VerboseTB.format_exception_as_a_whole = _broken")
+    assert reply["status"] == "ok", reply
+    try:
+        reply, messages = execute(kc, "def f():\n    raise ValueError('bad value')\nf()")
+    finally:
+        execute(kc, "_ultratb.VerboseTB.format_exception_as_a_whole = _format")
+    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+    assert "formatter broke" not in str(messages)
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1 and any("bad value" in line for line in errors[0]["traceback"])
+
+
 def test_syntax_error_and_system_exit_keep_the_kernel(kernel):
     km, kc = kernel
     reply, _ = execute(kc, "def (:")
