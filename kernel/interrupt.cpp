@@ -3,21 +3,28 @@
 
 #include "interrupt.hpp"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <iostream>
 #include <mutex>
 #include <thread>
 
 namespace terra::kernel {
 namespace {
 
-std::mutex g_mutex;          // guards g_in_cell against the watcher thread
+// Guards g_in_cell, and every read of g_sigint_fd: a SIGINT is only ever consumed by someone who
+// knows whether a cell is running.
+std::mutex g_mutex;
 bool g_in_cell = false;      // true while an interrupt_window is open
 std::atomic<bool> g_interrupt_requested{false};  // set by the watcher, consumed on the main thread
 pthread_t g_main_thread;     // the thread that runs cells (and initialised Python)
 sigset_t g_startup_mask;     // restored in forked children
+int g_sigint_fd = -1;        // signalfd: readable while a SIGINT is pending, reading consumes it
 
 // A real-time signal nobody else in the process uses; only ever sent to the main thread.
 int wake_signal() { return SIGRTMIN + 2; }
@@ -47,13 +54,27 @@ sigset_t wake_set() {
 
 void restore_mask_in_child() { pthread_sigmask(SIG_SETMASK, &g_startup_mask, nullptr); }
 
+// Consumes the pending SIGINT, if any (they do not queue: at most one is pending). Call with
+// g_mutex held.
+bool take_pending_sigint() {
+  signalfd_siginfo info;
+  bool taken = false;
+  while (read(g_sigint_fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) taken = true;
+  return taken;
+}
+
+// Waits for a SIGINT to be pending without consuming it, then consumes it under the lock. That is
+// what ties an interrupt to the cell that was running when it arrived, however late this thread
+// gets scheduled: a SIGINT still pending when a window opens arrived before that cell started,
+// and the window consumes it, so one found here while a window is open arrived inside it.
+// (Consuming first, with sigwait, and looking at the window afterwards gave a SIGINT sent while
+// the kernel was idle to the next cell whenever that cell started before this thread ran.)
 void watch_interrupts() {
-  const sigset_t set = sigint_set();
+  pollfd pending = {g_sigint_fd, POLLIN, 0};
   for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
+    if (poll(&pending, 1, -1) <= 0) continue;
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (!g_in_cell) continue;  // idle: a SIGINT means nothing
+    if (!take_pending_sigint() || !g_in_cell) continue;  // taken by a window, or idle: nothing
     g_interrupt_requested = true;
     pthread_kill(g_main_thread, wake_signal());
   }
@@ -67,6 +88,8 @@ void block_interrupts() {
   sigaddset(&blocked, wake_signal());
   pthread_sigmask(SIG_BLOCK, &blocked, &g_startup_mask);
   pthread_atfork(nullptr, nullptr, restore_mask_in_child);
+  const sigset_t sigint = sigint_set();
+  g_sigint_fd = signalfd(-1, &sigint, SFD_NONBLOCK | SFD_CLOEXEC);
 
   struct sigaction action = {};
   action.sa_handler = on_wake;
@@ -75,11 +98,18 @@ void block_interrupts() {
   sigaction(wake_signal(), &action, nullptr);
 }
 
-void start_interrupt_watcher() { std::thread(watch_interrupts).detach(); }
+void start_interrupt_watcher() {
+  if (g_sigint_fd < 0) {
+    std::cerr << "terra-kernel: signalfd failed, interrupts are ignored" << std::endl;
+    return;
+  }
+  std::thread(watch_interrupts).detach();
+}
 
 interrupt_window::interrupt_window() {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    take_pending_sigint();  // sent before this cell started (while idle): it means nothing
     g_in_cell = true;
   }
   const sigset_t wake = wake_set();

@@ -21,11 +21,11 @@
 #include "xeus/xhelper.hpp"
 #include "xeus/xkernel.hpp"
 #include "xeus/xkernel_configuration.hpp"
-#include "xeus/xserver_shell_main.hpp"
 #include "zmq.hpp"
 
 #include "history_manager.hpp"
 #include "interrupt.hpp"
+#include "server.hpp"
 #include "terra_interpreter.hpp"
 
 namespace py = pybind11;
@@ -94,7 +94,7 @@ int main(int argc, char* argv[]) {
     const nl::json debugger_config = {{"python", python}};
     xeus::xkernel kernel(xeus::load_configuration(connection_file), xeus::get_user_name(),
                          xeus::make_context<zmq::context_t>(), std::move(interpreter),
-                         xeus::make_xserver_shell_main, std::move(history), nullptr,
+                         terra::kernel::make_server, std::move(history), nullptr,
                          xpyt::make_python_debugger, debugger_config);
     std::clog << "terra-kernel " << terra::version() << " started (" << python << ", "
               << connection_file << ")" << std::endl;

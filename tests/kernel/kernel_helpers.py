@@ -39,6 +39,16 @@ def execute(kc, code, timeout=TIMEOUT, **kwargs):
     return reply["content"], collect(kc, msg_id, timeout)
 
 
+def wait_for_stdout(kc, msg_id, text, timeout=TIMEOUT):
+    """Waits until request `msg_id` has printed `text`; its other iopub messages are dropped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(0.01, deadline - time.monotonic()))
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream"
+                and text in msg["content"]["text"]):
+            return
+
+
 def stdout(messages):
     return "".join(
         m["content"]["text"]

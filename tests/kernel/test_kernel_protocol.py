@@ -75,6 +75,77 @@ def test_error_reply_then_next_cell_runs(kernel):
     assert reply["status"] == "ok" and stdout(messages) == "next\n"
 
 
+def test_error_reply_even_when_ipython_cannot_format_the_traceback(kernel):
+    # IPython 8.5's formatter (stack_data) fails on some frames, for instance one interrupted
+    # before its first line; IPython then recorded no error and the interrupted cell's reply said
+    # "ok". Simulated by breaking the formatter.
+    km, kc = kernel
+    reply, _ = execute(kc, "import IPython.core.ultratb as _ultratb\n"
+                           "_format = _ultratb.VerboseTB.format_exception_as_a_whole\n"
+                           "def _broken(*args, **kwargs):\n"
+                           "    raise RuntimeError('formatter broke')\n"
+                           "_ultratb.VerboseTB.format_exception_as_a_whole = _broken")
+    assert reply["status"] == "ok", reply
+    try:
+        reply, messages = execute(kc, "def f():\n    raise ValueError('bad value')\nf()")
+    finally:
+        execute(kc, "_ultratb.VerboseTB.format_exception_as_a_whole = _format")
+    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+    assert "formatter broke" not in str(messages)
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1 and any("bad value" in line for line in errors[0]["traceback"])
+
+
+def test_cell_sent_right_after_an_error_reply_runs(kernel):
+    # A frontend may send the next cell as soon as the error reply is in, before the kernel is
+    # idle: that cell was not queued behind the error and must run (xeus 2.4 aborted it, now and
+    # then, with a reply and no idle status, so clients waited forever).
+    km, kc = kernel
+    for n in range(40):
+        msg_id = kc.execute(f"raise ValueError('bad {n}')")
+        assert shell_reply(kc, msg_id)["content"]["ename"] == "ValueError"
+        reply, messages = execute(kc, f"print({n})")
+        assert reply["status"] == "ok" and stdout(messages) == f"{n}\n", (n, reply)
+
+
+def queue_behind_a_failing_cell(kc, stop_on_error=True):
+    """Starts a cell that fails once the client answers its input(); queues an execute_request and
+    a kernel_info_request behind it, then lets it fail. Returns the three msg_ids."""
+    drain(kc)
+    failing = kc.execute("input()\nraise ValueError('first')", allow_stdin=True,
+                         stop_on_error=stop_on_error)
+    assert kc.get_stdin_msg(timeout=10)["msg_type"] == "input_request"
+    queued = kc.execute("queued_ran = True\nprint('queued')")
+    info = kc.kernel_info()
+    kc.input("")  # only now can the first cell fail: the other two are already queued
+    reply = shell_reply(kc, failing)["content"]
+    assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+    return failing, queued, info
+
+
+def test_cells_queued_behind_an_error_are_aborted(kernel):
+    km, kc = kernel
+    execute(kc, "queued_ran = False")
+    failing, queued, info = queue_behind_a_failing_cell(kc)
+    assert shell_reply(kc, queued)["content"] == {"status": "aborted"}
+    # Busy and idle, nothing in between: frontends mark the cell finished on the idle status.
+    assert [m["msg_type"] for m in collect(kc, queued)] == ["status"]
+    # Only execute requests are aborted.
+    info_reply = shell_reply(kc, info)
+    assert info_reply["msg_type"] == "kernel_info_reply"
+    assert info_reply["content"]["status"] == "ok" and info_reply["content"]["implementation"] == "terra"
+    reply, messages = execute(kc, "print(queued_ran)")
+    assert reply["status"] == "ok" and stdout(messages) == "False\n"
+
+
+def test_cells_queued_behind_an_error_run_without_stop_on_error(kernel):
+    km, kc = kernel
+    failing, queued, info = queue_behind_a_failing_cell(kc, stop_on_error=False)
+    assert shell_reply(kc, queued)["content"]["status"] == "ok"
+    assert stdout(collect(kc, queued)) == "queued\n"
+    assert shell_reply(kc, info)["content"]["status"] == "ok"
+
+
 def test_syntax_error_and_system_exit_keep_the_kernel(kernel):
     km, kc = kernel
     reply, _ = execute(kc, "def (:")
