@@ -90,6 +90,16 @@ void block_interrupts() {
   pthread_atfork(nullptr, nullptr, restore_mask_in_child);
   const sigset_t sigint = sigint_set();
   g_sigint_fd = signalfd(-1, &sigint, SFD_NONBLOCK | SFD_CLOEXEC);
+  // A server started in the background (`jupyter lab &`, nohup) hands its kernels SIGINT ignored,
+  // and an ignored signal is discarded even while blocked: signalfd would never see an interrupt.
+  // SIGINT is blocked in every thread from here on, so the default action never runs.
+  struct sigaction current = {};
+  if (sigaction(SIGINT, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+    struct sigaction dfl = {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGINT, &dfl, nullptr);
+  }
 
   struct sigaction action = {};
   action.sa_handler = on_wake;
