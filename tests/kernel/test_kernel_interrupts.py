@@ -14,6 +14,7 @@ from kernel_helpers import collect, execute, shell_reply, stdout, wait_for_stdou
 
 SETUP = '''
 import time, torch
+torch.set_grad_enabled(True)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -26,19 +27,25 @@ def step():
 step()
 '''
 
+# Torch cells turn grad mode back on first: an interrupt inside torch.optim's `finally` can leave
+# it off (PyTorch's hazard with any asynchronous exception, in any kernel), and the next backward
+# would fail for a reason that is not the kernel's.
+GRAD_ON = "torch.set_grad_enabled(True)\n"
+
 # Cells short enough that the interrupt, sent after each delay below, finds them starting,
 # running, finishing or already done.
 FINITE_CELLS = [
-    "for i in range(200):\n    step()",                 # torch (co-executed when Terra is on)
+    GRAD_ON + "for i in range(200):\n    step()",       # torch (co-executed when Terra is on)
     "n = 0\nfor i in range(200000):\n    n += i",       # pure Python
     "time.sleep(0.2)",                                 # a blocking call
 ]
 DELAYS = (0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.6)
 
 # Cells that run until interrupted; each prints "looping" once it is inside its loop.
+LOOPING = "    i += 1\n    if i == 3: print('looping', flush=True)"
 ENDLESS_CELLS = [
-    "i = 0\nwhile True:\n    step()\n    i += 1\n    if i == 3: print('looping', flush=True)",
-    "i = 0\nwhile True:\n    i += 1\n    if i == 3: print('looping', flush=True)",
+    GRAD_ON + "i = 0\nwhile True:\n    step()\n" + LOOPING,
+    "i = 0\nwhile True:\n" + LOOPING,
     "print('looping', flush=True)\ntime.sleep(600)",
 ]
 
@@ -98,6 +105,35 @@ def test_interrupt_inside_a_running_cell_then_next_cell_runs(kernel, terra_mode)
             assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
             next_cell_runs(kc, f"{terra_mode}-endless-{c}-{delay}")
     assert km.is_alive()
+
+
+def test_interrupt_while_the_kernel_prepares_a_cell_stops_it_before_it_runs(kernel, tmp_path):
+    """A Ctrl-C that lands in the work around a cell's code (here a slow pre_run_cell hook, as
+    opening a Terra session can be) is raised where the cell's code starts: the cell does not run,
+    and the hook is not cut short (IPython used to catch the KeyboardInterrupt in the hook, print
+    it, and run the cell anyway)."""
+    km, kc = kernel
+    release = tmp_path / "release"
+    ok(kc, "import os, time\n"
+           "hook_done = []\n"
+           "def _slow_hook(info):\n"
+           "    print('in hook', flush=True)\n"
+           f"    while not os.path.exists({str(release)!r}):\n"
+           "        time.sleep(0.01)\n"
+           "    hook_done.append(True)\n"
+           "get_ipython().events.register('pre_run_cell', _slow_hook)")
+    try:
+        msg_id = kc.execute("cell_ran = True")
+        wait_for_stdout(kc, msg_id, "in hook")
+        km.interrupt_kernel()
+        time.sleep(0.5)  # time for the kernel to take the SIGINT while the hook still runs
+        release.touch()
+        reply = shell_reply(kc, msg_id)["content"]
+    finally:
+        release.touch()
+        ok(kc, "get_ipython().events.unregister('pre_run_cell', _slow_hook)")
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    assert ok(kc, "print('cell_ran' in globals(), hook_done[:1])") == "False [True]\n"
 
 
 def test_interrupt_aborts_the_cells_queued_behind(kernel):

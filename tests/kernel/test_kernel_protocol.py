@@ -133,7 +133,8 @@ def test_cells_queued_behind_an_error_are_aborted(kernel):
     # Only execute requests are aborted.
     info_reply = shell_reply(kc, info)
     assert info_reply["msg_type"] == "kernel_info_reply"
-    assert info_reply["content"]["status"] == "ok" and info_reply["content"]["implementation"] == "terra"
+    assert info_reply["content"]["status"] == "ok"
+    assert info_reply["content"]["implementation"] == "terra"
     reply, messages = execute(kc, "print(queued_ran)")
     assert reply["status"] == "ok" and stdout(messages) == "False\n"
 

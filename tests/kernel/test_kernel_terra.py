@@ -155,7 +155,10 @@ def _interrupt_during_coexecution(km, kc):
     # n_done+1 issued before the interrupt. Parameters only change in opt.step(), one parameter
     # after the other in state_dict order, so the candidates are: the first j parameters updated
     # by step n_done+1, the others as after step n_done.
-    candidates = ok(kc, "%%terra off\n" + TRAIN.format(steps="n_done", extra="") + """
+    # (Grad mode back on first: an interrupt inside torch.optim's `finally` can leave it off,
+    # PyTorch's hazard with any asynchronous exception.)
+    candidates = ok(kc, "%%terra off\ntorch.set_grad_enabled(True)\n" +
+                    TRAIN.format(steps="n_done", extra="") + """
 _before = {k: v.clone() for k, v in model.state_dict().items()}
 opt.zero_grad()
 torch.nn.functional.mse_loss(model(x), y).backward()

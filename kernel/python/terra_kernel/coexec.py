@@ -24,6 +24,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from terra import _loops
 
+from .interrupts import kernel_code
+
 
 class CellCoexecution:
     def __init__(self, shell):
@@ -78,6 +80,12 @@ class CellCoexecution:
         sys.modules["terra._C"].mark(boundary)
 
     def open(self):
+        # Also reached from the user's code (a loop's first iteration): a Ctrl-C meanwhile waits,
+        # so a session is never left half-open.
+        with kernel_code():
+            self._open()
+
+    def _open(self):
         import terra
 
         self.before = _counts(self.graph)
@@ -105,6 +113,10 @@ class CellCoexecution:
         setattr(builtins, _loops.MARK, mark)
 
     def close(self):
+        with kernel_code():  # inside the user's code when a %%terra cell ends
+            self._close()
+
+    def _close(self):
         import terra
 
         self.session_depth = None
