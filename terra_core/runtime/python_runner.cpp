@@ -145,7 +145,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
 void PythonRunner::exit() {
   if (mode_ == Mode::Off) return;
   end_iteration();
-  if (mode_ == Mode::CoExec) leave_coexec();
+  if (mode_ == Mode::CoExec) catch_up();
   if (runner_) advance_sequence(runner_->sequence());
   mode_ = Mode::Off;
   set_hook(false);
@@ -245,7 +245,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   } else if (policy_.enabled && root.stable >= policy_.warmup) {
     want = Mode::CoExec;
   }
-  if (mode_ == Mode::CoExec && want != Mode::CoExec) leave_coexec();
+  if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
   mode_ = want;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
 }
@@ -445,10 +445,8 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
   if (t.runs_python) {
     // Hooks or a custom Function's backward: run it here, in program order, on real tensors.
     ++graph_->fetches;
-    wait_for(runner().issued());
+    catch_up();
     raise_if_failed();
-    materialize_all();
-    advance_sequence(runner().sequence());
     torch::jit::Stack args = *stack;
     snapshot_grads();
     exec(stack);
@@ -748,10 +746,8 @@ void PythonRunner::opaque_begin(const std::string& reason, const std::string& wh
   if (mode_ == Mode::CoExec) {
     note_fallback(reason, what);
     ++graph_->fetches;
-    wait_for(runner().issued());
+    catch_up();
     raise_if_failed();
-    materialize_all();
-    advance_sequence(runner().sequence());
   }
   pause();
 }
@@ -765,7 +761,7 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op) {
   root.stable = 0;
   const int64_t start = now_ns();
   mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
-  leave_coexec();
+  catch_up();
   diverged_ = true;
   add_span(SpanKind::Diverge, start, now_ns(), op + ": " + reason);
 }
@@ -782,7 +778,7 @@ void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::stri
   Timeline::instance().add(std::move(span));
 }
 
-void PythonRunner::leave_coexec() {
+void PythonRunner::catch_up() {
   if (!runner_) return;
   wait_for(runner_->issued());
   materialize_all();

@@ -94,7 +94,9 @@ class PythonRunner {
   void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});
   void end_iteration();
   void begin_iteration(uint64_t boundary);
-  void leave_coexec();
+  // Waits for everything issued and makes every live placeholder real: from here the program
+  // thread sees eager state (leaving co-execution, or before Python code Terra cannot trace).
+  void catch_up();
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   void wait_for(uint64_t seq);
