@@ -1,4 +1,5 @@
-// Terra graph view: an anywidget ES module (plain JavaScript, no build step, no imports).
+// Terra graph view: an anywidget ES module (plain JavaScript, no build step, no imports;
+// the kernel puts widgets/dom.js in front of it).
 //
 // Draws the `graph` the kernel syncs (terra.graph_json plus the notebook cell of each source
 // line, see kernel/python/terra_kernel/viewdata.py) as SVG: basic blocks are boxes, nodes are
@@ -15,20 +16,9 @@
 // each block goes to the column of its most-taken predecessor if free (the hot path is a straight
 // line), else the nearest free column to the right. Linear in nodes plus edges.
 
-const SVG_NS = "http://www.w3.org/2000/svg";
 const L = { colW: 250, nodeW: 214, nodeH: 22, step: 30, header: 22, pad: 8, gap: 26, margin: 20 };
 const CULL_ABOVE = 1500; // drawn nodes past which only what is in view is drawn
 
-function el(tag, attrs = {}, parent = null, ns = null) {
-  const node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "text") node.textContent = v;
-    else if (v !== undefined && v !== null && v !== false) node.setAttribute(k, String(v));
-  }
-  if (parent) parent.appendChild(node);
-  return node;
-}
-const svg = (tag, attrs, parent) => el(tag, attrs, parent, SVG_NS);
 
 function shortOp(op) {
   return String(op || "?").replace(/^aten::/, "");

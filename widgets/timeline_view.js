@@ -1,4 +1,5 @@
-// Terra timeline view: an anywidget ES module (plain JavaScript, no build step, no imports).
+// Terra timeline view: an anywidget ES module (plain JavaScript, no build step, no imports;
+// the kernel puts widgets/dom.js in front of it).
 //
 // Draws the `timeline` the kernel syncs (terra.timeline: spans of recent iterations in
 // steady-clock ns, see kernel/python/terra_kernel/viewdata.py) as two SVG charts:
@@ -10,7 +11,6 @@
 // - the step time of each iteration in order, coloured by how it ran; clicking a bar zooms the
 //   lanes to that iteration.
 
-const SVG_NS = "http://www.w3.org/2000/svg";
 const COLORS = { tracing: "#e8a33d", coexec: "#4c9f70", fallback: "#d9534f", eager: "#9e9e9e",
                  fetch_wait: "#7b61c4", diverge: "#a93226", busy: "#3b7dd8" };
 const MODE_KIND = { traced: "tracing", coexec: "coexec", fallback: "fallback", eager: "eager" };
@@ -19,16 +19,6 @@ const LANE_ORDER = ["python", "graph"];
 const IDLE_GAP_NS = 250e6; // no Python-lane span for this long: the program was idle (between cells)
 const M = { left: 104, right: 16, top: 26, lane: 34, laneGap: 10, axis: 26, steps: 150 };
 
-function el(tag, attrs = {}, parent = null, ns = null) {
-  const node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "text") node.textContent = v;
-    else if (v !== undefined && v !== null && v !== false) node.setAttribute(k, String(v));
-  }
-  if (parent) parent.appendChild(node);
-  return node;
-}
-const svg = (tag, attrs, parent) => el(tag, attrs, parent, SVG_NS);
 const color = (kind) => COLORS[kind] || "#bbbbbb";
 
 // Round tick steps (1, 2, 5 × 10^n) for an axis spanning `span` units over `pixels`.

@@ -35,7 +35,7 @@ def open_view(page, module, state, width=1400):
     """Renders widgets/`module` with `state` into `page`; returns the view's root element (the
     `el` anywidget hands to `render`)."""
     html = PAGE.format(css=(WIDGETS / "views.css").read_text(), width=width,
-                       module=json.dumps((WIDGETS / module).read_text()), state=json.dumps(state))
+                       module=json.dumps((WIDGETS / "dom.js").read_text() + (WIDGETS / module).read_text()), state=json.dumps(state))
     page.set_content(html)
     page.wait_for_selector("body[data-rendered='1']")
     return page.locator("#view")

@@ -55,7 +55,7 @@ class _View(anywidget.AnyWidget):
 
 class GraphView(_View):
     """The TraceGraph of one cell: blocks, nodes, edges, last path and fallback points."""
-    _esm = _asset("graph_view.js")
+    _esm = _asset("dom.js") + _asset("graph_view.js")
     graph = traitlets.Dict().tag(sync=True)
     collapse_threshold = traitlets.Int(300).tag(sync=True)
 
@@ -74,7 +74,7 @@ class GraphView(_View):
 
 class TimelineView(_View):
     """Recent iterations: Python thread and GraphRunner lanes, step time per iteration."""
-    _esm = _asset("timeline_view.js")
+    _esm = _asset("dom.js") + _asset("timeline_view.js")
     timeline = traitlets.Dict().tag(sync=True)
 
     def __init__(self, source, name, every_graph=False, **kwargs):
