@@ -192,10 +192,11 @@ PYBIND11_MODULE(_C, m) {
       d["end_ns"] = s.end_ns;
       d["iteration"] = s.iteration;
       d["boundary"] = s.boundary;
-      d["graph"] = s.graph;
+      const auto& timeline = terra::runtime::Timeline::instance();
+      d["graph"] = timeline.name(s.graph);
       d["detail"] = s.lane == terra::runtime::Lane::Graph
                         ? std::to_string(s.ops) + " ops, " + std::to_string(s.busy_ns / 1000) + " us executing"
-                        : s.detail;
+                        : timeline.detail(s.detail);
       if (s.lane == terra::runtime::Lane::Graph) {
         d["ops"] = s.ops;
         d["busy_ns"] = s.busy_ns;

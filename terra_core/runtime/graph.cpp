@@ -30,6 +30,7 @@ const char* kind_name(const OpTemplate& t) {
     case OpKind::Backward: return "backward";
     case OpKind::GradRead: return "grad_read";
     case OpKind::GradWrite: return "grad_write";
+    case OpKind::ReleaseTeam:  // runner control, never recorded
     case OpKind::Aten: break;
   }
   switch (t.mode) {

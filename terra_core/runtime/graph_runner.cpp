@@ -1,6 +1,7 @@
 #include "graph_runner.h"
 
 #include "op_template.h"
+#include "openmp_team.h"
 #include "timeline.h"
 
 #include <ATen/Parallel.h>
@@ -11,6 +12,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 namespace terra::runtime {
@@ -35,16 +37,47 @@ void advance_sequence(uint64_t floor) {
   while (at::sequence_number::peek() < floor) at::sequence_number::get_and_increment();
 }
 
+namespace {
+
+// Items pending before the Python thread wakes a sleeping GraphRunner: a wake-up (a futex call on
+// both threads) is paid once per batch, not per op.
+constexpr uint64_t kWakeBatch = 32;
+// After running out of work the GraphRunner naps this long (timed, so it needs no wake-up when
+// work arrives in the meantime), then sleeps until woken.
+constexpr auto kNap = std::chrono::microseconds(200);
+// How long a waiting thread spins before it sleeps (the value it waits for is often imminent).
+constexpr int64_t kSpinNs = 3000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+template <typename Pred>
+bool spin_until(Pred&& ready, int64_t budget_ns) {
+  if (ready()) return true;
+  const int64_t until = now_ns() + budget_ns;
+  do {
+    for (int i = 0; i < 16; ++i) cpu_relax();
+    if (ready()) return true;
+  } while (now_ns() < until);
+  return false;
+}
+
+enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
+
+}  // namespace
+
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity) {
   thread_ = std::thread([this] { loop(); });
 }
 
 GraphRunner::~GraphRunner() {
   stop_ = true;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    work_cv_.notify_all();
-  }
+  wake();
   thread_.join();
 }
 
@@ -58,13 +91,18 @@ WorkItem& GraphRunner::next_item() {
   return ring_[issued_ % ring_.size()];
 }
 
+void GraphRunner::wake() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  work_cv_.notify_one();
+}
+
 uint64_t GraphRunner::issue() {
   ++issued_;
+  // seq_cst store, then the load of `sleeping_`: either this thread sees the GraphRunner asleep
+  // or the GraphRunner, which stores `sleeping_` before it looks at `published_`, sees the item.
   published_.store(issued_);
-  if (sleeping_.load()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    work_cv_.notify_one();
-  }
+  const int sleep = sleeping_.load();
+  if (sleep == kAsleep || (sleep == kNapping && issued_ - done() >= kWakeBatch)) wake();
   return issued_;
 }
 
@@ -76,12 +114,23 @@ void GraphRunner::reclaim() {
 void GraphRunner::wait_for(uint64_t seq, bool spin) {
   seq = std::min(seq, issued_);  // never wait for an item that was not issued
   if (done() >= seq) return;
-  for (int i = 0; spin && i < 200 && done() < seq; ++i) std::this_thread::yield();
-  if (done() >= seq) return;
+  if (sleeping_.load() != kAwake) wake();  // pending work below the batch size: start it now
+  if (spin && spin_until([&] { return done() >= seq; }, kSpinNs)) return;
   std::unique_lock<std::mutex> lock(mutex_);
-  waiters_.fetch_add(1);
+  wait_target_.store(seq);
   done_cv_.wait(lock, [&] { return done() >= seq; });
-  waiters_.fetch_sub(1);
+  wait_target_.store(0);
+}
+
+uint64_t GraphRunner::issue_release_team() {
+  WorkItem& item = next_item();
+  item.kind = OpKind::ReleaseTeam;
+  item.op = nullptr;
+  item.outs.clear();
+  item.expect = nullptr;
+  item.node = 0;
+  item.stream.reset();
+  return issue();
 }
 
 RunnerError GraphRunner::take_error() {
@@ -89,6 +138,19 @@ RunnerError GraphRunner::take_error() {
   error_ = RunnerError{};
   failed_.store(false, std::memory_order_release);
   return e;
+}
+
+bool GraphRunner::wait_for_work(uint64_t next) {
+  auto has_work = [&] { return published_.load() != next || stop_.load(); };
+  if (spin_until(has_work, kSpinNs / 3)) return !stop_.load();
+  std::unique_lock<std::mutex> lock(mutex_);
+  sleeping_.store(kNapping);
+  if (!work_cv_.wait_for(lock, kNap, has_work)) {
+    sleeping_.store(kAsleep);
+    work_cv_.wait(lock, has_work);
+  }
+  sleeping_.store(kAwake);
+  return !stop_.load();
 }
 
 void GraphRunner::loop() {
@@ -112,16 +174,9 @@ void GraphRunner::loop() {
   };
   while (!stop_.load()) {
     if (published_.load() == next) {
-      for (int i = 0; i < 2000 && published_.load() == next && !stop_.load(); ++i)
-        std::this_thread::yield();
-      if (published_.load() == next) {
-        close_span();
-        std::unique_lock<std::mutex> lock(mutex_);
-        sleeping_.store(true);
-        work_cv_.wait(lock, [&] { return published_.load() != next || stop_.load(); });
-        sleeping_.store(false);
-        continue;
-      }
+      close_span();
+      if (!wait_for_work(next)) break;
+      continue;
     }
     WorkItem& item = ring_[next % ring_.size()];
     // After a failure, later items are skipped: the program state stays as eager execution
@@ -156,12 +211,16 @@ void GraphRunner::loop() {
       ++span_ops;
       span_busy += busy.end_ns - t0;
       busy_ns_.fetch_add(static_cast<uint64_t>(busy.end_ns - t0), std::memory_order_relaxed);
+    } else if (item.kind == OpKind::ReleaseTeam) {
+      release_openmp_team();  // control, not program work: done even after a failure
     }
+    item.garbage.clear();  // values this thread allocated, freed here (see the header)
     ++next;
-    // seq_cst, like `waiters_`: a waiter that registered after this store must see it, and one
-    // registered before it must be seen here (no store-load reordering between the two).
+    // seq_cst, like `wait_target_`: a waiter that set its target after this store sees the new
+    // `done` when it checks under the lock, and one that set it before is seen here.
     done_.store(next);
-    if (waiters_.load() > 0) {
+    const uint64_t target = wait_target_.load();
+    if (target != 0 && next >= target) {
       std::lock_guard<std::mutex> lock(mutex_);
       done_cv_.notify_all();
     }
@@ -229,6 +288,9 @@ void GraphRunner::execute(WorkItem& item) {
       t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
       break;
     }
+    case OpKind::ReleaseTeam:
+      release_openmp_team();
+      break;
     case OpKind::Marker:
       break;
   }

@@ -8,6 +8,13 @@
 // Items live in a fixed ring owned by the Python thread: the Python thread fills an item, the
 // GraphRunner executes it and advances `done`, and only the Python thread clears an item (when it
 // reuses it or drains), so references to user-visible tensors are dropped on the Python side.
+// The one exception goes the other way: values the GraphRunner allocated whose placeholders die
+// in the Python thread travel back in an item's `garbage` and are freed by the GraphRunner, so
+// memory is freed by the thread that allocated it (no cross-thread frees on malloc's arena locks).
+//
+// Waking: the GraphRunner spins briefly when it runs out of work, then sleeps; the Python thread
+// wakes it once a batch of items is pending (or when it waits for one), not per item, and is
+// itself woken only when the item it waits for is done.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -38,6 +45,7 @@ enum class OpKind : uint8_t {
   GradRead,   // reading `tensor.grad`
   GradWrite,  // assigning `tensor.grad = value` (or None)
   Marker,     // an iteration boundary (TraceGraph node only; never executed)
+  ReleaseTeam,  // runner control, never a graph node: give up the OpenMP team (openmp_team.h)
 };
 
 struct WorkItem {
@@ -53,6 +61,7 @@ struct WorkItem {
   int num_threads = 0;                      // intra-op threads of the issuing thread
   uint64_t iteration = 0;                   // serial number of the issuing iteration (timeline)
   std::optional<c10::Stream> stream;        // accelerator ops: the program thread's stream (streams.h)
+  std::vector<at::Tensor> garbage;          // GraphRunner-made values to free there, after executing
   void clear() {
     args.clear();
     outs.clear();
@@ -87,9 +96,13 @@ class GraphRunner {
 
   uint64_t issued() const { return issued_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
-  // Blocks until every item up to `seq` has been executed (or skipped after an error).
+  // Blocks until every item up to `seq` has been executed (or skipped after an error): a short
+  // spin (`spin`), then sleep until the GraphRunner reaches `seq`.
   void wait_for(uint64_t seq, bool spin = true);
   void drain() { wait_for(issued_); }
+  // Python thread: issues an item that makes the GraphRunner give up its OpenMP team, in issue
+  // order; once it is done, the program thread's own ops have the process's only team.
+  uint64_t issue_release_team();
   // Python thread: drop the references held by executed items.
   void reclaim();
 
@@ -104,6 +117,8 @@ class GraphRunner {
 
  private:
   void loop();
+  bool wait_for_work(uint64_t next);  // false: stopping
+  void wake();
   void execute(WorkItem& item);
   StreamSwitcher streams_;  // GraphRunner thread only
 
@@ -120,8 +135,8 @@ class GraphRunner {
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  std::atomic<int> waiters_{0};
-  std::atomic<bool> sleeping_{false};
+  std::atomic<uint64_t> wait_target_{0};  // the item the sleeping Python thread waits for (0: none)
+  std::atomic<int> sleeping_{0};  // whether and how the GraphRunner sleeps on work_cv_ (.cpp)
   std::thread thread_;
 };
 

@@ -11,6 +11,13 @@ const char* const kNoData =
     "Terra: this tensor is still being computed by the GraphRunner and was read by a path Terra "
     "does not intercept. Please report this; `%terra off` (or terra.disable()) runs the program "
     "eagerly.";
+thread_local std::vector<at::Tensor>* value_graveyard = nullptr;
+}  // namespace
+
+void set_value_graveyard(std::vector<at::Tensor>* graveyard) { value_graveyard = graveyard; }
+
+Slot::~Slot() {
+  if (runner_allocated && value_graveyard && value.defined()) value_graveyard->push_back(std::move(value));
 }
 
 PlaceholderImpl::PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<AliasGroup> group,

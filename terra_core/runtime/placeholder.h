@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace terra::runtime {
 
@@ -34,7 +35,17 @@ struct Slot {
   // The alias group of an output that starts one (not a view): kept inside the slot so that one
   // allocation serves both (see `own_group`).
   AliasGroup group;
+  // `value` is a kernel's output, allocated in the GraphRunner thread: when the slot dies in a
+  // thread with a value graveyard, the value goes there instead of being freed at once.
+  bool runner_allocated = false;
+  ~Slot();
 };
+
+// Values of runner-allocated slots that die in the calling thread are moved into `graveyard`
+// (nullptr: freed at once). The PythonRunner hands the graveyard to the GraphRunner with the next
+// work item, so memory is freed by the thread that allocated it: freeing another thread's glibc
+// arena chunks takes that arena's lock, which the allocating thread holds as it allocates.
+void set_value_graveyard(std::vector<at::Tensor>* graveyard);
 
 // The alias group stored in `slot`, sharing the slot's ownership (no allocation of its own).
 inline std::shared_ptr<AliasGroup> own_group(const std::shared_ptr<Slot>& slot) {

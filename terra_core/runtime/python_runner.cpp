@@ -1,6 +1,7 @@
 #include "python_runner.h"
 
 #include "backward_hooks.h"
+#include "openmp_team.h"
 #include "terra/location_key.h"
 #include "timeline.h"
 
@@ -135,9 +136,11 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
   num_threads_ = at::get_num_threads();
   graph_ = graph;
+  graph_name_ = Timeline::instance().intern(graph->name);
   root_ = root;
   grad_defined_.clear();
   scalar_use_.clear();
+  set_value_graveyard(&graveyard_);
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }
@@ -150,6 +153,8 @@ void PythonRunner::exit() {
   mode_ = Mode::Off;
   set_hook(false);
   live_.clear();
+  set_value_graveyard(nullptr);
+  graveyard_.clear();
   grad_defined_.clear();
   raise_if_failed();
   graph_ = nullptr;
@@ -246,6 +251,8 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     want = Mode::CoExec;
   }
   if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
+  // The program thread's ops go to the GraphRunner from here: its OpenMP team goes with them.
+  if (want == Mode::CoExec && mode_ != Mode::CoExec) release_openmp_team();
   mode_ = want;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
 }
@@ -587,6 +594,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->num_threads = num_threads_;
   item->iteration = iteration_serial_;
   item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
+  item->garbage.swap(graveyard_);  // emptied by the GraphRunner: the vectors circulate
 
   // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
   // in one pass over the arguments.
@@ -629,6 +637,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     if (o.none) return at::Tensor();
     auto slot = std::make_shared<Slot>();
     slot->seq = seq;
+    slot->runner_allocated = t.kind == OpKind::Aten;
     std::shared_ptr<AliasGroup> group;
     if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
@@ -773,14 +782,23 @@ void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::stri
   span.end_ns = end;
   span.iteration = iteration_serial_;
   span.boundary = boundary_;
-  span.graph = graph_->name;
-  span.detail = std::move(detail);
-  Timeline::instance().add(std::move(span));
+  span.graph = graph_name_;
+  if (!detail.empty()) span.detail = Timeline::instance().note(std::move(detail));
+  Timeline::instance().add(span);
+}
+
+void PythonRunner::take_team_back() {
+  uint64_t seq;
+  {
+    GilReleased unlocked;  // the ring may be full
+    seq = runner_->issue_release_team();
+  }
+  wait_for(seq);
 }
 
 void PythonRunner::catch_up() {
   if (!runner_) return;
-  wait_for(runner_->issued());
+  take_team_back();  // waits for everything issued before it, too
   materialize_all();
   runner_->reclaim();
   advance_sequence(runner_->sequence());  // the program continues eagerly from here
@@ -825,6 +843,7 @@ void PythonRunner::raise_if_failed() {
   RunnerError e = runner_->take_error();
   std::string at = e.node < (graph_ ? graph_->nodes.size() : 0) ? where(graph_->nodes[e.node]) : "an op";
   if (mode_ == Mode::CoExec) {
+    take_team_back();  // the program goes on eagerly
     materialize_all();
     mode_ = Mode::Tracing;
     diverged_ = true;

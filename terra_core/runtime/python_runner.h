@@ -97,6 +97,9 @@ class PythonRunner {
   // Waits for everything issued and makes every live placeholder real: from here the program
   // thread sees eager state (leaving co-execution, or before Python code Terra cannot trace).
   void catch_up();
+  // The OpenMP team follows the kernels (openmp_team.h): the GraphRunner gives its team up, in
+  // issue order, before the program thread runs ops itself again.
+  void take_team_back();
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   void wait_for(uint64_t seq);
@@ -112,6 +115,7 @@ class PythonRunner {
 
   Mode mode_ = Mode::Off;
   Graph* graph_ = nullptr;
+  uint32_t graph_name_ = 0;  // Timeline::intern(graph_->name)
   PythonStack::Root root_;
   Policy policy_;
   uint32_t cur_ = 0;
@@ -151,6 +155,7 @@ class PythonRunner {
   void snapshot_grads();
   std::unordered_map<const c10::FunctionSchema*, bool> passthrough_;
   std::unique_ptr<GraphRunner> runner_;
+  std::vector<at::Tensor> graveyard_;  // GraphRunner-made values that died here (placeholder.h)
   std::map<std::string, std::unique_ptr<Graph>> graphs_;
 };
 

@@ -1,0 +1,67 @@
+"""One OpenMP team per process (terra_core/runtime/openmp_team.h).
+
+libgomp keeps a pool of worker threads for every thread that ever started a parallel region. Two
+pools on a machine with as many cores as a pool has threads make every parallel region of the
+process a futex hand-off (eager ops 10x slower; bench/results/openmp_team.md). These tests count
+the process's threads, which is how the pools show: the program thread's workers while it runs
+eagerly, the GraphRunner's while it co-executes, never both, and none of the GraphRunner's left
+once the program runs eagerly again. Each runs in a fresh process so the count starts known.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROGRAM = textwrap.dedent("""
+    import json, os, torch, terra
+    torch.set_num_threads(2)
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    big = torch.randn(512, 512)
+    n0 = threads()                 # no team yet: the program thread and the libraries' own threads
+    big @ big
+    team = threads() - n0          # the workers of one team (1 with 2 intra-op threads)
+
+    w = torch.randn(512, 512, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-4)
+    during = []
+
+    def train(steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = (big @ w).relu().mean()   # intra-op parallel in whichever thread runs it
+            loss.backward()
+            opt.step()
+            during.append(threads())
+
+    terra.run(train, 12)
+    eager_again = threads()        # the GraphRunner gave its team back when the session ended
+    big @ big
+    after_eager_op = threads()
+    print(json.dumps({"n0": n0, "team": team, "during": during, "eager_again": eager_again,
+                      "after_eager_op": after_eager_op, "stats": terra.stats("train")}))
+""")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
+def test_at_most_one_openmp_team_in_any_mode(tmp_path):
+    script = tmp_path / "teams.py"  # a file, so terra.run can read the loops' source
+    script.write_text(PROGRAM)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    import json
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["stats"]["iterations_coexecuted"] >= 6, r["stats"]
+    n0, team = r["n0"], r["team"]
+    assert team >= 1, r
+    # While tracing, the program thread's team; while co-executing, the GraphRunner's (which runs
+    # the matmuls): never both, so at most the GraphRunner thread and one team on top of n0.
+    assert max(r["during"]) <= n0 + 1 + team, r
+    assert max(r["during"]) == n0 + 1 + team, r  # and the GraphRunner did use a team
+    # Once the session has ended the GraphRunner holds no pool ...
+    assert r["eager_again"] == n0 + 1, r
+    # ... and an eager op gets the program thread's team back, the only one.
+    assert r["after_eager_op"] == n0 + 1 + team, r
