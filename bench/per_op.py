@@ -1,24 +1,27 @@
-"""Per-op cost of the PythonRunner during co-execution, against an eager op, side by side.
+"""Per-op cost of co-execution against eager, each in a fresh process, side by side.
 
-For a chain of K elementwise ops per iteration on tensors of a given size:
-- eager:        wall time per op of the plain loop;
-- terra issue:  time the program thread spends per op while co-executing (the GraphRunner runs
-                the same ops concurrently; measured up to the last op issued, before waiting);
-- terra total:  wall time per op including waiting for the GraphRunner to finish.
-Repeated and interleaved; medians are reported. Results go to bench/results/per_op.{json,md}.
+For a chain of K elementwise ops per iteration (`z = z + y`) on tensors of a given size:
+- eager:  wall time and CPU time per op of the plain loop, in a process that never ran Terra;
+- terra:  the same loop co-executed (after a short warm-up), in its own fresh process:
+          wall time per op up to the last op issued ("issue") and including the wait for the
+          GraphRunner ("total"), the program thread's CPU time per op, and the CPU time per op of
+          every other thread of the process (the GraphRunner and its OpenMP workers), read from
+          /proc/self/task/*/schedstat.
+Rounds are interleaved (eager, terra, eager, terra, ...), each child reports the median of its
+repeats and the table gives the median over rounds. Results: bench/results/per_op.{json,md}.
 """
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-import torch
-
-import terra
-
-K, ITERS, REPEATS = 50, 60, 7
+K, ITERS, REPEATS, ROUNDS = 50, 60, 7, 5
+SIZES = (1, 64, 256)
 
 
 def chain(x, y, iters):
@@ -29,52 +32,92 @@ def chain(x, y, iters):
     return z
 
 
-def measure(size):
-    x, y = torch.randn(size, size), torch.randn(size, size)
-    eager, issue, total = [], [], []
-    terra.run(chain, x, y, 5)  # warm-up: trace and build the graph
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        chain(x, y, ITERS)
-        eager.append((time.perf_counter() - t0) / (K * ITERS))
-        t0 = time.perf_counter()
-        terra._enter("chain-bench", depth=1)
+def other_threads_cpu_ns():
+    """CPU time of every thread of this process except the calling one (schedstat: ns on CPU)."""
+    me, total = threading.get_native_id(), 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == me:
+            continue
         try:
-            chain_marked(x, y, ITERS)
-            t1 = time.perf_counter()
-        finally:
-            terra._exit()
-        t2 = time.perf_counter()
-        issue.append((t1 - t0) / (K * ITERS))
-        total.append((t2 - t0) / (K * ITERS))
-    med = statistics.median
-    return {"size": size, "eager_us": med(eager) * 1e6, "terra_issue_us": med(issue) * 1e6,
-            "terra_total_us": med(total) * 1e6,
-            "stats": {k: v for k, v in terra.stats("chain-bench").items() if k.startswith(("iter", "ops"))}}
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass  # the thread ended
+    return total
 
 
-chain_marked = terra._instrument(chain)
+def child(mode, size, threads):
+    import torch
+    torch.set_num_threads(threads)
+    x, y = torch.randn(size, size), torch.randn(size, size)
+    ops = K * ITERS
+    rows = []
+    if mode == "eager":
+        chain(x, y, 5)
+        for _ in range(REPEATS):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            chain(x, y, ITERS)
+            rows.append({"wall_us": (time.perf_counter() - t0) / ops * 1e6,
+                         "program_cpu_us": (time.thread_time() - c0) / ops * 1e6,
+                         "others_cpu_us": 0.0})
+    else:
+        import terra
+        marked = terra._instrument(chain)
+        terra.run(chain, x, y, 5)  # warm-up: trace and build the graph
+        for _ in range(REPEATS):
+            o0, c0, t0 = other_threads_cpu_ns(), time.thread_time(), time.perf_counter()
+            terra._enter("chain-bench", depth=1)
+            try:
+                marked(x, y, ITERS)
+                t1 = time.perf_counter()
+            finally:
+                terra._exit()
+            t2 = time.perf_counter()
+            rows.append({"issue_us": (t1 - t0) / ops * 1e6, "wall_us": (t2 - t0) / ops * 1e6,
+                         "program_cpu_us": (time.thread_time() - c0) / ops * 1e6,
+                         "others_cpu_us": (other_threads_cpu_ns() - o0) / ops / 1e3})
+        st = terra.stats("chain-bench")
+        assert st["iterations_coexecuted"] >= REPEATS * ITERS * 0.9, st
+    print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
 
 
 def main():
-    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads())
-    rows = [measure(size) for size in (1, 64, 256)]
-    out = {"machine": platform.processor() or platform.machine(), "cores": torch.get_num_threads(),
+    import torch
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads()
+    runs = {(m, s): [] for s in SIZES for m in ("eager", "terra")}
+    for _ in range(ROUNDS):
+        for s in SIZES:
+            for m in ("eager", "terra"):
+                out = subprocess.run([sys.executable, __file__, "--child", m, str(s), str(threads)],
+                                     check=True, capture_output=True, text=True).stdout
+                runs[(m, s)].append(json.loads(out.strip().splitlines()[-1]))
+    med = {f"{m}/{s}": {k: statistics.median(r[k] for r in v) for k in v[0]} for (m, s), v in runs.items()}
+    out = {"machine": platform.processor() or platform.machine(), "threads": threads,
            "torch": torch.__version__, "python": platform.python_version(),
-           "date": time.strftime("%Y-%m-%d"), "ops_per_iteration": K, "rows": rows}
+           "date": time.strftime("%Y-%m-%d %H:%M"), "ops_per_iteration": K, "rounds": ROUNDS,
+           "median": med, "runs": {f"{m}/{s}": v for (m, s), v in runs.items()}}
     results = Path(__file__).resolve().parent / "results"
     (results / "per_op.json").write_text(json.dumps(out, indent=2) + "\n")
-    lines = ["# Per-op cost of co-execution (CPU)", "",
-             f"torch {out['torch']}, {out['cores']} intra-op threads, {K} chained `z = z + y` per iteration, "
-             f"medians of {REPEATS} interleaved runs.", "",
-             "| tensor | eager µs/op | Terra: program thread µs/op | Terra: total µs/op | total vs eager |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['size']}x{r['size']} | {r['eager_us']:.2f} | {r['terra_issue_us']:.2f} | "
-                     f"{r['terra_total_us']:.2f} | {r['eager_us'] / r['terra_total_us']:.2f}x |")
+    lines = ["# Per-op cost of co-execution (CPU), against eager in a fresh process", "",
+             f"torch {out['torch']}, {threads} intra-op threads, {K} chained `z = z + y` per iteration, "
+             f"{ITERS} iterations; eager and Terra each in fresh processes, {ROUNDS} interleaved rounds, "
+             "medians. CPU columns are per-thread CPU time per op: the program thread, and all "
+             "other threads (the GraphRunner and its OpenMP workers).", "",
+             "| tensor | eager wall µs/op | eager CPU µs/op | Terra program thread CPU µs/op | "
+             "Terra GraphRunner+workers CPU µs/op | Terra issue wall µs/op | Terra total wall µs/op | "
+             "speedup (eager/Terra wall) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in SIZES:
+        e, t = med[f"eager/{s}"], med[f"terra/{s}"]
+        lines.append(f"| {s}x{s} | {e['wall_us']:.2f} | {e['program_cpu_us']:.2f} | "
+                     f"{t['program_cpu_us']:.2f} | {t['others_cpu_us']:.2f} | {t['issue_us']:.2f} | "
+                     f"{t['wall_us']:.2f} | {e['wall_us'] / t['wall_us']:.2f}x |")
     (results / "per_op.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()

@@ -103,6 +103,9 @@ class GraphRunner {
   // Python thread: issues an item that makes the GraphRunner give up its OpenMP team, in issue
   // order; once it is done, the program thread's own ops have the process's only team.
   uint64_t issue_release_team();
+  // Python thread: whether the program is co-executing (more work is imminent), which decides
+  // whether an idle GraphRunner spins before it sleeps.
+  void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
   // Python thread: drop the references held by executed items.
   void reclaim();
 
@@ -129,6 +132,7 @@ class GraphRunner {
   std::atomic<uint64_t> done_{0};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> active_{false};
   std::atomic<uint64_t> busy_ns_{0};
   std::atomic<uint64_t> sequence_{0};
   RunnerError error_;

@@ -251,8 +251,10 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     want = Mode::CoExec;
   }
   if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
-  // The program thread's ops go to the GraphRunner from here: its OpenMP team goes with them.
-  if (want == Mode::CoExec && mode_ != Mode::CoExec) release_openmp_team();
+  // The program thread's ops go to the GraphRunner from here. Its OpenMP team stays (see
+  // openmp_team.h for why both teams are kept while co-executing); the GraphRunner's goes when
+  // the program runs ops itself again (take_team_back).
+  if (want == Mode::CoExec && mode_ != Mode::CoExec) runner().set_active(true);
   mode_ = want;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
 }
@@ -788,6 +790,7 @@ void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::stri
 }
 
 void PythonRunner::take_team_back() {
+  runner_->set_active(false);
   uint64_t seq;
   {
     GilReleased unlocked;  // the ring may be full
