@@ -251,10 +251,12 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     want = Mode::CoExec;
   }
   if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
-  // The program thread's ops go to the GraphRunner from here. Its OpenMP team stays (see
-  // openmp_team.h for why both teams are kept while co-executing); the GraphRunner's goes when
-  // the program runs ops itself again (take_team_back).
-  if (want == Mode::CoExec && mode_ != Mode::CoExec) runner().set_active(true);
+  // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them;
+  // the GraphRunner's goes when the program runs ops itself again (take_team_back).
+  if (want == Mode::CoExec && mode_ != Mode::CoExec) {
+    release_openmp_team();
+    runner().set_active(true);
+  }
   mode_ = want;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
 }
