@@ -144,6 +144,8 @@ PYBIND11_MODULE(_C, m) {
     if (PyErr_Occurred()) throw py::error_already_set();
   },
         "Makes a placeholder an ordinary tensor (waits for its value).");
+  m.def("clear_autocast_cache", [] { R().clear_autocast_cache(); },
+        "torch.clear_autocast_cache while Terra is active: also the GraphRunner's, in order.");
   m.def("pause", [] { R().pause(); });
   m.def("resume", [] { R().resume(); });
   m.def("barrier", [](const std::string& reason, const std::string& what) { R().barrier(reason, what); });

@@ -31,6 +31,7 @@ const char* kind_name(const OpTemplate& t) {
     case OpKind::GradRead: return "grad_read";
     case OpKind::GradWrite: return "grad_write";
     case OpKind::ReleaseTeam:  // runner control, never recorded
+    case OpKind::ClearAutocastCache:
     case OpKind::Aten: break;
   }
   switch (t.mode) {

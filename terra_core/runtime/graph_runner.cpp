@@ -128,9 +128,9 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
   wait_target_.store(0);
 }
 
-uint64_t GraphRunner::issue_release_team() {
+uint64_t GraphRunner::issue_control(OpKind kind) {
   WorkItem& item = next_item();
-  item.kind = OpKind::ReleaseTeam;
+  item.kind = kind;
   item.op = nullptr;
   item.outs.clear();
   item.expect = nullptr;
@@ -218,8 +218,8 @@ void GraphRunner::loop() {
       ++span_ops;
       span_busy += busy.end_ns - t0;
       busy_ns_.fetch_add(static_cast<uint64_t>(busy.end_ns - t0), std::memory_order_relaxed);
-    } else if (item.kind == OpKind::ReleaseTeam) {
-      release_openmp_team();  // control, not program work: done even after a failure
+    } else if (item.kind == OpKind::ReleaseTeam || item.kind == OpKind::ClearAutocastCache) {
+      execute(item);  // control, not program work: done even after a failure
     }
     item.garbage.clear();  // values this thread allocated, freed here (see the header)
     ++next;
@@ -245,6 +245,10 @@ void GraphRunner::execute(WorkItem& item) {
     std::atomic<uint64_t>& to;
     ~Publish() { to.store(at::sequence_number::peek(), std::memory_order_release); }
   } publish{sequence_};
+  if (item.autocast != autocast_) {
+    item.autocast.apply();
+    autocast_ = item.autocast;
+  }
   at::AutoGradMode grad(item.grad_mode);
   std::optional<c10::InferenceMode> inference;
   if (item.inference_mode) inference.emplace();
@@ -297,6 +301,10 @@ void GraphRunner::execute(WorkItem& item) {
     }
     case OpKind::ReleaseTeam:
       release_openmp_team();
+      at::autocast::clear_cache();
+      break;
+    case OpKind::ClearAutocastCache:
+      at::autocast::clear_cache();
       break;
     case OpKind::Marker:
       break;

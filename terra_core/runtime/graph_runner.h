@@ -34,6 +34,7 @@
 
 #include "placeholder.h"
 #include "streams.h"
+#include "thread_state.h"
 
 namespace terra::runtime {
 
@@ -46,6 +47,8 @@ enum class OpKind : uint8_t {
   GradWrite,  // assigning `tensor.grad = value` (or None)
   Marker,     // an iteration boundary (TraceGraph node only; never executed)
   ReleaseTeam,  // runner control, never a graph node: give up the OpenMP team (openmp_team.h)
+                // and clear the autocast weight cast cache (the program runs ops itself next)
+  ClearAutocastCache,  // runner control: the program's autocast region ended (thread_state.h)
 };
 
 struct WorkItem {
@@ -53,6 +56,7 @@ struct WorkItem {
   const c10::OperatorHandle* op = nullptr;
   bool grad_mode = true;
   bool inference_mode = false;
+  AutocastState autocast;                   // thread_state.h
   torch::jit::Stack args;                   // as the program passed them; placeholders resolved late
   std::vector<std::shared_ptr<Slot>> outs;  // slots of the placeholders handed out, by return index
   const std::vector<OutSpec>* expect = nullptr;  // traced metadata of those outputs
@@ -102,7 +106,9 @@ class GraphRunner {
   void drain() { wait_for(issued_); }
   // Python thread: issues an item that makes the GraphRunner give up its OpenMP team, in issue
   // order; once it is done, the program thread's own ops have the process's only team.
-  uint64_t issue_release_team();
+  uint64_t issue_release_team() { return issue_control(OpKind::ReleaseTeam); }
+  // Python thread: a control item (ReleaseTeam, ClearAutocastCache), executed in issue order.
+  uint64_t issue_control(OpKind kind);
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
@@ -124,6 +130,7 @@ class GraphRunner {
   void wake();
   void execute(WorkItem& item);
   StreamSwitcher streams_;  // GraphRunner thread only
+  AutocastState autocast_;  // GraphRunner thread only: the state last applied
 
   std::vector<WorkItem> ring_;
   uint64_t issued_ = 0;     // written by the Python thread only

@@ -93,6 +93,7 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   t.name = name;
   t.grad_mode = at::GradMode::is_enabled();
   t.inference_mode = c10::InferenceMode::is_enabled();
+  t.autocast = AutocastState::current();
   const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
   bool any_tensor = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -220,6 +221,10 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
   if (grad_mode != at::GradMode::is_enabled() ||
       inference_mode != c10::InferenceMode::is_enabled()) {
     if (why) *why = "grad mode / inference mode differs";
+    return false;
+  }
+  if (autocast != AutocastState::current()) {
+    if (why) *why = "autocast state differs";
     return false;
   }
   for (size_t i = 0; i < args.size(); ++i) {

@@ -20,6 +20,7 @@
 
 #include "graph_runner.h"
 #include "placeholder.h"
+#include "thread_state.h"
 #include "python_stack.h"
 
 namespace terra::runtime {
@@ -54,6 +55,7 @@ struct OpTemplate {
   ExecMode mode = ExecMode::Graph;
   bool grad_mode = true;
   bool inference_mode = false;
+  AutocastState autocast;           // thread_state.h
   bool mutates_input = false;       // some argument is written (in-place / out=)
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)

@@ -592,6 +592,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->op = t.op ? &*t.op : nullptr;
   item->grad_mode = t.grad_mode;
   item->inference_mode = t.inference_mode;
+  item->autocast = t.autocast;
   item->node = node_id;
   item->expect = &t.outs;
   item->sequence_floor = at::sequence_number::peek();
@@ -789,6 +790,14 @@ void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::stri
   span.graph = graph_name_;
   if (!detail.empty()) span.detail = Timeline::instance().note(std::move(detail));
   Timeline::instance().add(span);
+}
+
+void PythonRunner::clear_autocast_cache() {
+  if (mode_ == Mode::CoExec && runner_) {
+    GilReleased unlocked;  // the ring may be full
+    runner_->issue_control(OpKind::ClearAutocastCache);
+  }
+  at::autocast::clear_cache();
 }
 
 void PythonRunner::take_team_back() {

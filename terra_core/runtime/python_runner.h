@@ -63,6 +63,9 @@ class PythonRunner {
   // Makes a placeholder's Python object an ordinary tensor (waits for its value). GIL held.
   void materialize(PyObject* tensor);
   void sync();  // waits for all issued work; raises a pending GraphRunner error
+  // torch.clear_autocast_cache (an autocast region ended): clears the program thread's cache and,
+  // while co-executing, the GraphRunner's, in issue order (thread_state.h).
+  void clear_autocast_cache();
   // Stops interception while Terra's own Python code runs (printing a tensor, for instance).
   void pause();
   void resume();

@@ -358,3 +358,42 @@ def test_models_created_inside_coexecuted_code():
         result = terra.run(_fresh_model_each_call, terra_out)
         assert torch.equal(eager, result) and eager_out == terra_out
     assert terra.stats("_fresh_model_each_call")["iterations_coexecuted"] > 20
+
+
+def autocast_train(steps, amp_until=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    dtypes = []
+    for step in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp_until is None or step < amp_until):
+            out = model(x)
+        dtypes.append(out.dtype)
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], dtypes
+
+
+def test_autocast_runs_in_the_graphrunner_under_the_programs_state():
+    # The GraphRunner runs each op under the autocast state it was issued with: bfloat16 linears,
+    # bitwise the eager result, and nearly every iteration co-executed.
+    eager_params, eager_dtypes = autocast_train(40)
+    terra_params, terra_dtypes = terra.run(autocast_train, 40)
+    assert terra_dtypes == eager_dtypes == [torch.bfloat16] * 40
+    for a, b in zip(eager_params, terra_params):
+        assert torch.equal(a, b)
+    st = terra.stats("autocast_train")
+    assert st["iterations_coexecuted"] >= 36, st
+
+
+def test_autocast_switched_off_mid_run_is_a_new_path_not_a_wrong_result():
+    eager_params, eager_dtypes = autocast_train(30, amp_until=15)
+    terra_params, terra_dtypes = terra.run(autocast_train, 30, amp_until=15)
+    assert terra_dtypes == eager_dtypes
+    assert eager_dtypes[14] == torch.bfloat16 and eager_dtypes[15] == torch.float32
+    for a, b in zip(eager_params, terra_params):
+        assert torch.equal(a, b)
+    assert any("autocast state differs" in e["reason"] for e in terra.explain("autocast_train"))

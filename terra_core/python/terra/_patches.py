@@ -15,7 +15,9 @@ session is open (and restored exactly afterwards):
   iteration is a real leaf and a hook lands on the real autograd node;
 - custom `autograd.Function.apply`: an opaque unit run eagerly in the program's thread;
 - `threading.Thread.start`: other threads are not intercepted, so the iteration leaves
-  co-execution (every placeholder becomes real) before one starts.
+  co-execution (every placeholder becomes real) before one starts;
+- `torch.clear_autocast_cache` (torch.autocast's exit): the GraphRunner's autocast weight cache
+  is its own, cleared in issue order too.
 """
 import functools
 import threading
@@ -147,6 +149,7 @@ def install():
         _set(torch.Tensor, name, _settled_setter(getattr(torch._C.TensorBase, name)))
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
+    _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))

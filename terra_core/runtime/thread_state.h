@@ -1,0 +1,50 @@
+// Thread-local state that changes what an op computes, carried from the program thread to the
+// GraphRunner.
+//
+// The PythonRunner intercepts ops above the dispatcher keys that read thread-local state, so the
+// GraphRunner must run each op under the state the program thread had when it issued it. Each
+// piece is recorded in the op's template (so a change between iterations is a new path, checked
+// by validation) and in the work item (applied by the GraphRunner before it runs the op):
+//   grad mode, inference mode     OpTemplate::grad_mode / inference_mode (AutoGradMode, InferenceMode)
+//   autocast (CPU and CUDA)       AutocastState: enabled, dtype, weight cast cache enabled
+// The autocast weight cast cache is per thread: the GraphRunner's is cleared where the program's
+// is (torch.autocast's exit at nesting 0, patched to issue a ClearAutocastCache item in order) and
+// whenever the program leaves co-execution.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/ScalarType.h>
+
+namespace terra::runtime {
+
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  c10::ScalarType cpu_dtype = c10::ScalarType::BFloat16, cuda_dtype = c10::ScalarType::Half;
+  bool cache = true;
+
+  static AutocastState current() {
+    AutocastState s;
+    s.cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+    s.cuda = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
+    s.cuda_dtype = at::autocast::get_autocast_dtype(c10::DeviceType::CUDA);
+    s.cache = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+  // Makes this the calling thread's autocast state.
+  void apply() const {
+    at::autocast::set_autocast_enabled(c10::DeviceType::CPU, cpu);
+    at::autocast::set_autocast_enabled(c10::DeviceType::CUDA, cuda);
+    at::autocast::set_autocast_dtype(c10::DeviceType::CPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(c10::DeviceType::CUDA, cuda_dtype);
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+  // The dtypes matter only where autocast is on.
+  bool operator==(const AutocastState& o) const {
+    return cpu == o.cpu && cuda == o.cuda && cache == o.cache &&
+           (!cpu || cpu_dtype == o.cpu_dtype) && (!cuda || cuda_dtype == o.cuda_dtype);
+  }
+  bool operator!=(const AutocastState& o) const { return !(*this == o); }
+};
+
+}  // namespace terra::runtime
