@@ -27,6 +27,10 @@ constexpr uint64_t kEntryBoundary = 1;
 // How far (in issued ops) the program thread may run ahead of the GraphRunner before it sleeps,
 // and how far the GraphRunner must catch up before it wakes.
 constexpr uint64_t kAheadHigh = 64, kAheadLow = 32;
+// The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
+// a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
+// that diverges every iteration would pay it twice per iteration. Leaving a session always moves it.
+constexpr int64_t kTeamMoveNs = 100'000'000;
 
 void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraKey, on); }
 
@@ -149,6 +153,7 @@ void PythonRunner::exit() {
   if (mode_ == Mode::Off) return;
   end_iteration();
   if (mode_ == Mode::CoExec) catch_up();
+  if (runner_ && runner_team_) take_team_back(/*always=*/true);  // Terra off: one team, the program's
   if (runner_) advance_sequence(runner_->sequence());
   mode_ = Mode::Off;
   set_hook(false);
@@ -251,11 +256,13 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     want = Mode::CoExec;
   }
   if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
-  // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them;
-  // the GraphRunner's goes when the program runs ops itself again (take_team_back).
+  // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them
+  // (at most once per kTeamMoveNs); the GraphRunner's goes when the program runs ops itself again
+  // (take_team_back).
   if (want == Mode::CoExec && mode_ != Mode::CoExec) {
-    release_openmp_team();
+    if (team_may_move()) release_openmp_team();
     runner().set_active(true);
+    runner_team_ = true;
   }
   mode_ = want;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
@@ -800,13 +807,24 @@ void PythonRunner::clear_autocast_cache() {
   at::autocast::clear_cache();
 }
 
-void PythonRunner::take_team_back() {
+bool PythonRunner::team_may_move() {
+  const int64_t now = now_ns();
+  if (now - last_team_move_ns_ < kTeamMoveNs) return false;
+  last_team_move_ns_ = now;
+  return true;
+}
+
+void PythonRunner::take_team_back(bool always) {
   runner_->set_active(false);
+  // Without moving the team, the GraphRunner's autocast cache is still dropped: the program runs
+  // ops itself now (thread_state.h).
+  const bool move = runner_team_ && (always || team_may_move());
   uint64_t seq;
   {
     GilReleased unlocked;  // the ring may be full
-    seq = runner_->issue_release_team();
+    seq = runner_->issue_control(move ? OpKind::ReleaseTeam : OpKind::ClearAutocastCache);
   }
+  if (move) runner_team_ = false;
   wait_for(seq);
 }
 

@@ -102,7 +102,10 @@ class PythonRunner {
   void catch_up();
   // The OpenMP team follows the kernels (openmp_team.h): the GraphRunner gives its team up, in
   // issue order, before the program thread runs ops itself again.
-  void take_team_back();
+  void take_team_back(bool always = false);
+  bool team_may_move();          // rate limit of team moves (kTeamMoveNs)
+  int64_t last_team_move_ns_ = 0;
+  bool runner_team_ = false;     // the GraphRunner may hold an OpenMP pool
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   void wait_for(uint64_t seq);
