@@ -121,6 +121,10 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
                        : v.isDouble())) {
       a.kind = Kind::Feed;
       a.feed_tag = number_kind(v);
+    } else if (v.isStorage()) {
+      a.kind = Kind::Storage;
+      a.storage_device = v.toStorage().device();
+      a.storage_nbytes = v.toStorage().nbytes();
     } else {
       a.kind = Kind::Constant;
       a.constant = v;
@@ -257,6 +261,11 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
       case Kind::Feed:
         ok = number_kind(v) == a.feed_tag;
         if (!ok && why) *why = "argument " + std::to_string(i) + " changed number type";
+        break;
+      case Kind::Storage:
+        ok = v.isStorage() && v.toStorage().device() == a.storage_device &&
+             v.toStorage().nbytes() == a.storage_nbytes;
+        if (!ok && why) *why = "argument " + std::to_string(i) + " is a storage of another size or device";
         break;
       case Kind::Constant:
         ok = same_constant(v, a.constant);

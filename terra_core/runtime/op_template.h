@@ -33,9 +33,13 @@ enum class ExecMode : uint8_t {
 };
 
 struct ArgSpec {
-  enum class Kind : uint8_t { Tensor, TensorList, Feed, Constant } kind = Kind::Constant;
+  enum class Kind : uint8_t { Tensor, TensorList, Feed, Storage, Constant } kind = Kind::Constant;
   c10::IValue constant;            // Constant
   uint8_t feed_tag = 0;            // Feed: the Python number's kind (int/float/complex/bool)
+  // Storage: an input like a tensor (a DataLoader batch rebuilt onto the shared-memory storage a
+  // worker sent), validated by device and size, never by identity.
+  c10::Device storage_device = c10::Device(c10::kCPU);
+  size_t storage_nbytes = 0;
   std::vector<TensorMeta> metas;   // Tensor (one) or TensorList (one per element); empty if None
   std::vector<bool> present;       // TensorList of optional tensors: which entries are tensors
   std::vector<bool> wrapped;       // per tensor: a Python number wrapped as a 0-d tensor (a feed)

@@ -397,3 +397,22 @@ def test_autocast_switched_off_mid_run_is_a_new_path_not_a_wrong_result():
     for a, b in zip(eager_params, terra_params):
         assert torch.equal(a, b)
     assert any("autocast state differs" in e["reason"] for e in terra.explain("autocast_train"))
+
+
+def test_dataloader_worker_batches_are_graph_inputs_not_constants():
+    # Batches from worker processes are rebuilt onto the shared-memory Storage each worker sent
+    # (aten::set_.source_Storage): a new Storage object every batch, which must validate as an
+    # input. After three epochs (warm-up, then the epoch boundary's own paths) nearly every
+    # iteration co-executes, bitwise like eager.
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
+    import corpus
+    module = corpus.load("p31_dataloader_workers")
+    eager_out, eager_state = corpus.run_eager("p31_dataloader_workers")
+    terra_out, terra_state = corpus.capture(lambda: terra.run(module.main))
+    assert terra_out == eager_out
+    corpus.assert_same_state(eager_state, terra_state, names=("eager", "terra"))
+    modes = [it["mode"] for it in terra.timeline("main")["iterations"]]
+    steady = modes[len(modes) * 3 // 5:-1]  # the last two of five epochs, without the exit segment
+    assert sum(m == "coexec" for m in steady) >= 0.9 * len(steady), modes
