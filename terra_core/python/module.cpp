@@ -146,6 +146,19 @@ PYBIND11_MODULE(_C, m) {
         "Makes a placeholder an ordinary tensor (waits for its value).");
   m.def("clear_autocast_cache", [] { R().clear_autocast_cache(); },
         "torch.clear_autocast_cache while Terra is active: also the GraphRunner's, in order.");
+  m.def("set_file_label", [](py::object fn) {
+    if (fn.is_none()) {
+      R().set_file_label({});
+      return;
+    }
+    // Held for the process's life (the runner is never destroyed): a leaked reference, so no
+    // Python object is released at exit without the GIL.
+    auto* held = new py::object(std::move(fn));
+    R().set_file_label([held](const std::string& file) -> std::string {
+      py::object r = (*held)(file);
+      return r.is_none() ? std::string() : r.cast<std::string>();
+    });
+  }, "How GraphRunner errors name a source file: fn(filename) -> label or None.");
   m.def("pause", [] { R().pause(); });
   m.def("resume", [] { R().resume(); });
   m.def("barrier", [](const std::string& reason, const std::string& what) { R().barrier(reason, what); });

@@ -89,8 +89,9 @@ class GilReleased {
   TORCH_CHECK(false, msg);
 }
 
-// The op and the innermost frame of the user's own code (not PyTorch's or Terra's).
-std::string where(const Node& n) {
+// The op and the innermost frame of the user's own code (not PyTorch's or Terra's), the file
+// named by `label` where it knows it (a notebook cell: "In [3], line 6").
+std::string where(const Node& n, const PythonRunner::FileLabel& label) {
   std::string s = n.tmpl.name;
   const SourceFrame* user = nullptr;
   for (const SourceFrame& f : n.tmpl.source) {
@@ -102,7 +103,11 @@ std::string where(const Node& n) {
     }
   }
   if (!user && !n.tmpl.source.empty()) user = &n.tmpl.source.front();
-  if (user) s += " called at " + user->file + ":" + std::to_string(user->line) + " in " + user->function;
+  if (!user) return s;
+  const std::string cell = label ? label(user->file) : std::string();
+  s += " called at " + (cell.empty() ? user->file + ":" + std::to_string(user->line)
+                                     : cell + ", line " + std::to_string(user->line)) +
+       " in " + user->function;
   return s;
 }
 
@@ -873,7 +878,7 @@ void PythonRunner::raise_if_failed() {
   if (!runner_ || !runner_->failed()) return;
   wait_for(runner_->issued());
   RunnerError e = runner_->take_error();
-  std::string at = e.node < (graph_ ? graph_->nodes.size() : 0) ? where(graph_->nodes[e.node]) : "an op";
+  std::string at = e.node < (graph_ ? graph_->nodes.size() : 0) ? where(graph_->nodes[e.node], file_label_) : "an op";
   if (mode_ == Mode::CoExec) {
     take_team_back();  // the program goes on eagerly
     materialize_all();

@@ -80,6 +80,10 @@ class PythonRunner {
   std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
 
   const char* mode_name() const;
+  // How errors name a source file: a notebook kernel maps its cells' files to "In [n]"; an empty
+  // result keeps the file name. Called with the GIL held.
+  using FileLabel = std::function<std::string(const std::string&)>;
+  void set_file_label(FileLabel label) { file_label_ = std::move(label); }
 
  private:
   enum class Mode { Off, Tracing, CoExec, Eager };
@@ -161,6 +165,7 @@ class PythonRunner {
   void snapshot_grads();
   std::unordered_map<const c10::FunctionSchema*, bool> passthrough_;
   std::unique_ptr<GraphRunner> runner_;
+  FileLabel file_label_;
   std::vector<at::Tensor> graveyard_;  // GraphRunner-made values that died here (placeholder.h)
   std::map<std::string, std::unique_ptr<Graph>> graphs_;
 };

@@ -210,3 +210,23 @@ def test_corpus_as_notebook_cells(kc, name):
     on = ok(kc, run)
     off = ok(kc, "%%terra off\n" + run)
     assert on.splitlines() == off.splitlines(), (name, on, off)
+
+
+def test_graphrunner_error_names_the_cell_and_line(kernel):
+    # An op that fails in the GraphRunner is reported at the user's cell and line, the way
+    # `%terra explain` names it, not at the interpreter's temporary file for the cell.
+    km, kc = kernel
+    reply, messages = execute(kc, (
+        "import torch\n"
+        "table = torch.randn(10, 4, requires_grad=True)\n"
+        "total = torch.zeros(())\n"
+        "for step in range(12):\n"
+        "    idx = torch.tensor([step % 10 if step != 9 else 50])\n"
+        "    total = total + table.index_select(0, idx).sum()\n"
+        "print(float(total))\n"), timeout=120)
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert reply["status"] == "error" and errors and errors[0]["ename"] == "IndexError", (reply, errors)
+    count = reply["execution_count"]
+    text = errors[0]["evalue"]
+    assert "GraphRunner" in text and f"In [{count}], line 6" in text, text
+    assert "xpython_" not in text, text

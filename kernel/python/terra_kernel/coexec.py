@@ -24,6 +24,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from terra import _loops
 
+from . import viewdata
 from .interrupts import kernel_code
 
 
@@ -90,9 +91,15 @@ class CellCoexecution:
 
         self.before = _counts(self.graph)
         self.started = time.perf_counter()
+        terra._C.set_file_label(self.cell_label)
         terra._enter(self.graph, stop_code=self.stop_code)
         self.session_depth = self.depth
         self.bind_mark()
+
+    def cell_label(self, filename):
+        """`In [n]` for a cell's file (what GraphRunner errors name, as `%terra explain` does)."""
+        label = viewdata.place(self.shell, filename)
+        return label if label != filename else None
 
     def bind_mark(self):
         """What loop boundaries call while the session is open: the engine's C function (no
