@@ -94,6 +94,7 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   t.grad_mode = at::GradMode::is_enabled();
   t.inference_mode = c10::InferenceMode::is_enabled();
   t.autocast = AutocastState::current();
+  t.global = GlobalState::current();
   const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
   bool any_tensor = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -229,6 +230,10 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
   }
   if (autocast != AutocastState::current()) {
     if (why) *why = "autocast state differs";
+    return false;
+  }
+  if (global != GlobalState::current()) {
+    if (why) *why = "the default dtype or deterministic-algorithms setting differs";
     return false;
   }
   for (size_t i = 0; i < args.size(); ++i) {

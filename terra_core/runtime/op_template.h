@@ -60,6 +60,7 @@ struct OpTemplate {
   bool grad_mode = true;
   bool inference_mode = false;
   AutocastState autocast;           // thread_state.h
+  GlobalState global;               // thread_state.h
   bool mutates_input = false;       // some argument is written (in-place / out=)
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)

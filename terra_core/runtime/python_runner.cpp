@@ -143,7 +143,6 @@ const char* PythonRunner::mode_name() const {
 
 void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
-  num_threads_ = at::get_num_threads();
   graph_ = graph;
   graph_name_ = Timeline::instance().intern(graph->name);
   root_ = root;
@@ -608,7 +607,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->node = node_id;
   item->expect = &t.outs;
   item->sequence_floor = at::sequence_number::peek();
-  item->num_threads = num_threads_;
+  item->num_threads = at::get_num_threads();  // as the program has it now (thread_state.h)
   item->iteration = iteration_serial_;
   item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
   item->garbage.swap(graveyard_);  // emptied by the GraphRunner: the vectors circulate

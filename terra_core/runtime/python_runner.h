@@ -153,7 +153,6 @@ class PythonRunner {
   std::unordered_map<const c10::StorageImpl*, ScalarUse> scalar_use_;
   bool run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   int paused_ = 0;
-  int num_threads_ = 0;  // the program thread's intra-op threads, read once per session
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown).
   struct GradState {
     c10::weak_intrusive_ptr<c10::TensorImpl> leaf;

@@ -7,12 +7,21 @@
 // by validation) and in the work item (applied by the GraphRunner before it runs the op):
 //   grad mode, inference mode     OpTemplate::grad_mode / inference_mode (AutoGradMode, InferenceMode)
 //   autocast (CPU and CUDA)       AutocastState: enabled, dtype, weight cast cache enabled
+//   intra-op thread count         WorkItem::num_threads, read at every issue (set_num_threads
+//                                 between ops applies from the next op on, as in eager)
+// Process-wide settings the kernels read when they run: recorded in the template and validated
+// (GlobalState), and the Python functions that change them wait for the GraphRunner first
+// (terra/_patches.py), so ops issued before a change run under the old setting:
+//   default dtype                 torch.set_default_dtype / set_default_tensor_type
+//   deterministic algorithms      torch.use_deterministic_algorithms
 // The autocast weight cast cache is per thread: the GraphRunner's is cleared where the program's
 // is (torch.autocast's exit at nesting 0, patched to issue a ClearAutocastCache item in order) and
 // whenever the program leaves co-execution.
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/ScalarType.h>
 
 namespace terra::runtime {
@@ -45,6 +54,19 @@ struct AutocastState {
            (!cpu || cpu_dtype == o.cpu_dtype) && (!cuda || cuda_dtype == o.cuda_dtype);
   }
   bool operator!=(const AutocastState& o) const { return !(*this == o); }
+};
+
+struct GlobalState {
+  c10::ScalarType default_dtype = c10::ScalarType::Float;
+  bool deterministic = false;
+
+  static GlobalState current() {
+    return {c10::get_default_dtype_as_scalartype(), at::globalContext().deterministicAlgorithms()};
+  }
+  bool operator==(const GlobalState& o) const {
+    return default_dtype == o.default_dtype && deterministic == o.deterministic;
+  }
+  bool operator!=(const GlobalState& o) const { return !(*this == o); }
 };
 
 }  // namespace terra::runtime

@@ -416,3 +416,55 @@ def test_dataloader_worker_batches_are_graph_inputs_not_constants():
     modes = [it["mode"] for it in terra.timeline("main")["iterations"]]
     steady = modes[len(modes) * 3 // 5:-1]  # the last two of five epochs, without the exit segment
     assert sum(m == "coexec" for m in steady) >= 0.9 * len(steady), modes
+
+
+def thread_count_program(steps):
+    torch.manual_seed(0)
+    x = torch.randn(400_000)
+    sums = []
+    threads = torch.get_num_threads()
+    for step in range(steps):
+        if step == steps // 2:
+            torch.set_num_threads(1)  # a reduction over 400k elements splits by thread count
+        sums.append((x * 1.5).sum())
+    torch.set_num_threads(threads)
+    return torch.stack(sums)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="needs 2 intra-op threads")
+def test_set_num_threads_mid_run_applies_from_the_next_op():
+    try:
+        eager = thread_count_program(20)
+        coexec = terra.run(thread_count_program, 20)
+    finally:
+        torch.set_num_threads(max(2, torch.get_num_threads()))
+    assert torch.equal(eager, coexec)
+    assert terra.stats("thread_count_program")["iterations_coexecuted"] > 0
+
+
+def backend_flag_program(steps, switch_at):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    opt = torch.optim.SGD(conv.parameters(), lr=0.01)
+    img = torch.randn(4, 3, 16, 16)
+    for step in range(steps):
+        if step == switch_at:
+            torch.backends.mkldnn.enabled = False  # the convolution kernel changes from here
+        opt.zero_grad()
+        conv(img).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in conv.parameters()]
+
+
+def test_backend_flag_changed_mid_run_applies_from_the_next_op():
+    # torch.backends setters wait for the GraphRunner: ops issued before the change run with the
+    # old kernels, as in eager.
+    try:
+        eager = backend_flag_program(16, 10)
+        torch.backends.mkldnn.enabled = True
+        coexec = terra.run(backend_flag_program, 16, 10)
+    finally:
+        torch.backends.mkldnn.enabled = True
+    for a, b in zip(eager, coexec):
+        assert torch.equal(a, b)
+    assert terra.stats("backend_flag_program")["iterations_coexecuted"] > 0

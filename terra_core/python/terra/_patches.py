@@ -7,7 +7,8 @@ session is open (and restored exactly afterwards):
 - `Tensor.grad` (get/set): reads and writes of gradients are pseudo-ops too, ordered with the ops;
 - reading data from Python (`repr`/`format`/`numpy`/`tolist`/`__array__`/`data_ptr`/pickling):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
-- the global RNG state (`manual_seed`, `get_rng_state`, ...): wait for the GraphRunner first,
+- the global RNG state (`manual_seed`, `get_rng_state`, ...) and process-wide settings kernels
+  read (`set_default_dtype`, `use_deterministic_algorithms`): wait for the GraphRunner first,
   since ops already issued must see the old state;
 - changes of a tensor's autograd identity from Python (`requires_grad_`, `.requires_grad =`,
   `.data =`, `Tensor._make_subclass`, which `nn.Parameter` uses, `retain_grad`, hooks): wait for
@@ -24,6 +25,7 @@ import threading
 
 import torch
 import torch.autograd as _autograd
+import torch.backends
 
 from . import _C
 
@@ -93,6 +95,15 @@ _original_thread_start = threading.Thread.start
 _FETCHES = ("__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr",
             "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__")
 _RNG = ("manual_seed", "seed", "get_rng_state", "set_rng_state", "initial_seed")
+# Process-wide settings kernels read when they run (runtime/thread_state.h): ops issued before a
+# change must run under the old setting.
+_SETTINGS = ("set_default_dtype", "set_default_tensor_type", "use_deterministic_algorithms",
+             "set_flush_denormal")
+# The setters behind torch.backends (oneDNN, cuDNN, TF32, matmul precision, SDPA backends): kernels
+# read these when they run, so a change waits for the GraphRunner too.
+_BACKEND_SETTERS = tuple(n for n in dir(torch._C) if n.startswith("_set_") and any(
+    k in n for k in ("cudnn", "mkldnn", "onednn", "cublas", "tf32", "matmul", "deterministic",
+                     "nnpack", "sdp", "reduced_precision", "qengine")))
 
 
 def _set(owner, name, value):
@@ -150,6 +161,12 @@ def install():
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
+    for name in _SETTINGS:
+        _set(torch, name, _synced(getattr(torch, name)))
+    for name in _BACKEND_SETTERS:
+        _set(torch._C, name, _synced(getattr(torch._C, name)))
+    # `torch.backends.mkldnn.enabled = False` and its kin: properties that hold the setter itself
+    _set(torch.backends.ContextProp, "__set__", _synced(torch.backends.ContextProp.__set__))
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))
