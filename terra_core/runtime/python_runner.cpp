@@ -14,6 +14,8 @@
 
 #include <algorithm>
 
+#include <pthread.h>
+
 namespace terra::runtime {
 
 namespace {
@@ -118,10 +120,20 @@ PythonRunner& PythonRunner::instance() {
   return *runner;
 }
 
+void PythonRunner::forget_after_fork() {
+  (void)runner_.release();  // its thread exists only in the parent: never joined, never used
+  mode_ = Mode::Off;
+  paused_ = 0;
+  set_hook(false);
+  set_value_graveyard(nullptr);
+  graph_ = nullptr;
+}
+
 void PythonRunner::install_dispatch_hook() {
   static bool installed = false;
   if (installed) return;
   installed = true;
+  pthread_atfork(nullptr, nullptr, [] { PythonRunner::instance().forget_after_fork(); });
   auto* lib = new torch::Library(torch::Library::IMPL, "_", kTerraKey, __FILE__, __LINE__);
   lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }

@@ -80,6 +80,9 @@ class PythonRunner {
   std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
 
   const char* mode_name() const;
+  // In a child made by fork() (DataLoader workers): the GraphRunner thread did not come along, so
+  // the child runs everything eagerly, untraced (installed with pthread_atfork).
+  void forget_after_fork();
   // How errors name a source file: a notebook kernel maps its cells' files to "In [n]"; an empty
   // result keeps the file name. Called with the GIL held.
   using FileLabel = std::function<std::string(const std::string&)>;
