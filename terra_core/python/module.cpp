@@ -151,10 +151,11 @@ PYBIND11_MODULE(_C, m) {
       R().set_file_label({});
       return;
     }
-    // Held for the process's life (the runner is never destroyed): a leaked reference, so no
-    // Python object is released at exit without the GIL.
-    auto* held = new py::object(std::move(fn));
-    R().set_file_label([held](const std::string& file) -> std::string {
+    // One holder for the process's life (the runner is never destroyed, and no Python object
+    // may be released at exit without the GIL); a new function replaces the one it holds.
+    static auto* held = new py::object();
+    *held = std::move(fn);
+    R().set_file_label([](const std::string& file) -> std::string {
       py::object r = (*held)(file);
       return r.is_none() ? std::string() : r.cast<std::string>();
     });

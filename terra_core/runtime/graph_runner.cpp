@@ -129,13 +129,9 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
 }
 
 uint64_t GraphRunner::issue_control(OpKind kind) {
-  WorkItem& item = next_item();
+  WorkItem& item = next_item();  // only `kind` is read (run_control); the rest is a past item's
   item.kind = kind;
-  item.op = nullptr;
   item.outs.clear();
-  item.expect = nullptr;
-  item.node = 0;
-  item.stream.reset();
   return issue();
 }
 
@@ -218,8 +214,8 @@ void GraphRunner::loop() {
       ++span_ops;
       span_busy += busy.end_ns - t0;
       busy_ns_.fetch_add(static_cast<uint64_t>(busy.end_ns - t0), std::memory_order_relaxed);
-    } else if (item.kind == OpKind::ReleaseTeam || item.kind == OpKind::ClearAutocastCache) {
-      execute(item);  // control, not program work: done even after a failure
+    } else {
+      run_control(item);  // control, not program work: done even after a failure
     }
     item.garbage.clear();  // values this thread allocated, freed here (see the header)
     ++next;
@@ -234,7 +230,22 @@ void GraphRunner::loop() {
   }
 }
 
+bool GraphRunner::run_control(const WorkItem& item) {
+  switch (item.kind) {
+    case OpKind::ReleaseTeam:
+      release_openmp_team();
+      at::autocast::clear_cache();  // the program runs ops itself next (thread_state.h)
+      return true;
+    case OpKind::ClearAutocastCache:
+      at::autocast::clear_cache();
+      return true;
+    default:
+      return false;
+  }
+}
+
 void GraphRunner::execute(WorkItem& item) {
+  if (run_control(item)) return;
   advance_sequence(item.sequence_floor);
   // Reductions split work by thread count: use the program thread's, so results are bitwise
   // those of eager execution.
@@ -299,13 +310,8 @@ void GraphRunner::execute(WorkItem& item) {
       t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
       break;
     }
-    case OpKind::ReleaseTeam:
-      release_openmp_team();
-      at::autocast::clear_cache();
-      break;
+    case OpKind::ReleaseTeam:  // run_control
     case OpKind::ClearAutocastCache:
-      at::autocast::clear_cache();
-      break;
     case OpKind::Marker:
       break;
   }

@@ -104,10 +104,9 @@ class GraphRunner {
   // spin (`spin`), then sleep until the GraphRunner reaches `seq`.
   void wait_for(uint64_t seq, bool spin = true);
   void drain() { wait_for(issued_); }
-  // Python thread: issues an item that makes the GraphRunner give up its OpenMP team, in issue
-  // order; once it is done, the program thread's own ops have the process's only team.
-  uint64_t issue_release_team() { return issue_control(OpKind::ReleaseTeam); }
-  // Python thread: a control item (ReleaseTeam, ClearAutocastCache), executed in issue order.
+  // Python thread: a control item, executed in issue order: ReleaseTeam (the GraphRunner gives up
+  // its OpenMP team, so the program thread's own ops that follow have the only one) or
+  // ClearAutocastCache.
   uint64_t issue_control(OpKind kind);
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
@@ -129,6 +128,7 @@ class GraphRunner {
   bool wait_for_work(uint64_t next);  // false: stopping
   void wake();
   void execute(WorkItem& item);
+  bool run_control(const WorkItem& item);  // false: not a control item
   StreamSwitcher streams_;  // GraphRunner thread only
   AutocastState autocast_;  // GraphRunner thread only: the state last applied
 

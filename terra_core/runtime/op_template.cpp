@@ -228,7 +228,7 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
     if (why) *why = "grad mode / inference mode differs";
     return false;
   }
-  if (autocast != AutocastState::current()) {
+  if (!autocast.is_current()) {
     if (why) *why = "autocast state differs";
     return false;
   }

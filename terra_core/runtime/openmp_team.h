@@ -22,7 +22,7 @@
 // rounds, ratio to fresh-process eager, two teams vs one): resnet 2.08 vs 1.30, gpt 1.82 vs
 // 1.74, stochastic_downsampling 2.54 vs 1.75, rl_cartpole 1.13 vs 1.10. With two, every parallel
 // region of the GraphRunner is a futex hand-off (a chain of 256x256 adds: 65 vs 23 us/op).
-
+//
 // Results do not depend on which thread owns the team: each op still runs with the program
 // thread's intra-op thread count (the GraphRunner sets it per item), so parallel reductions split
 // their work exactly as eager execution does.
@@ -33,8 +33,5 @@ namespace terra::runtime {
 // Releases the calling thread's OpenMP worker pool, if it has one (OpenMP 5.0's
 // omp_pause_resource_all). A no-op inside a parallel region or without an OpenMP runtime.
 void release_openmp_team();
-// Gives the calling thread an OpenMP worker pool (an empty parallel region), so that libgomp
-// counts two teams and lets idle workers sleep at once.
-void hold_openmp_team();
 
 }  // namespace terra::runtime

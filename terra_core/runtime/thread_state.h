@@ -22,6 +22,7 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DefaultDtype.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/ScalarType.h>
 
 namespace terra::runtime {
@@ -47,6 +48,16 @@ struct AutocastState {
     at::autocast::set_autocast_dtype(c10::DeviceType::CPU, cpu_dtype);
     at::autocast::set_autocast_dtype(c10::DeviceType::CUDA, cuda_dtype);
     at::autocast::set_autocast_cache_enabled(cache);
+  }
+  // Whether this is the calling thread's state. Per validated op, so the common case (autocast
+  // off here and now) costs one read of the thread's dispatch key set: autocast is enabled for a
+  // device exactly when its key is not excluded.
+  bool is_current() const {
+    const auto excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+    const bool cpu_now = !excluded.has(c10::DispatchKey::AutocastCPU);
+    const bool cuda_now = !excluded.has(c10::DispatchKey::AutocastCUDA);
+    if (cpu_now != cpu || cuda_now != cuda) return false;
+    return (!cpu && !cuda) || *this == current();
   }
   // The dtypes matter only where autocast is on.
   bool operator==(const AutocastState& o) const {
