@@ -31,7 +31,8 @@ constexpr uint64_t kEntryBoundary = 1;
 constexpr uint64_t kAheadHigh = 64, kAheadLow = 32;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
-// that diverges every iteration would pay it twice per iteration. Leaving a session always moves it.
+// that diverges every iteration would pay it twice per iteration. A session's first move into
+// co-execution and leaving a session always move it.
 constexpr int64_t kTeamMoveNs = 100'000'000;
 
 void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraKey, on); }
@@ -157,6 +158,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
   graph_ = graph;
   graph_name_ = Timeline::instance().intern(graph->name);
+  last_team_move_ns_ = 0;  // the session's first move into co-execution is never held back
   root_ = root;
   grad_defined_.clear();
   scalar_use_.clear();
