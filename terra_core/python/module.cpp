@@ -176,6 +176,8 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "max_divergences") p.max_divergences = item.second.cast<int>();
       else if (key == "max_nodes") p.max_nodes = item.second.cast<size_t>();
       else if (key == "enabled") p.enabled = item.second.cast<bool>();
+      else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
+      else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
       else throw py::key_error("unknown Terra policy setting: " + key);
     }
     py::dict d;
@@ -183,6 +185,8 @@ PYBIND11_MODULE(_C, m) {
     d["max_divergences"] = p.max_divergences;
     d["max_nodes"] = p.max_nodes;
     d["enabled"] = p.enabled;
+    d["adaptive"] = p.adaptive;
+    d["payoff_margin"] = p.payoff_margin;
     return d;
   });
   m.def("graphs", [] {

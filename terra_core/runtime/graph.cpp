@@ -114,6 +114,23 @@ void Graph::record_path(std::vector<uint32_t>& path) {
   last_path.swap(path);
 }
 
+nlohmann::json payoff_json(const terra::Payoff& p) {
+  const char* phase = p.phase() == terra::Payoff::Phase::MeasureCoExec  ? "timing co-execution"
+                      : p.phase() == terra::Payoff::Phase::MeasureEager ? "timing eager execution"
+                                                                        : "holding";
+  nlohmann::json loops = nlohmann::json::array();
+  for (const auto& l : p.loops())
+    loops.push_back({{"loop", l.loop}, {"iterations", l.iterations}, {"coexec_ms", l.coexec_s * 1e3},
+                     {"eager_ms", l.eager_s * 1e3}});
+  return {{"phase", phase},
+          {"loops", loops},
+          {"checks", p.checks()},
+          {"choice", p.checks() == 0 ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          {"coexec_ms", p.coexec_seconds() * 1e3},
+          {"eager_ms", p.eager_seconds() * 1e3},
+          {"next_check_in", p.phase() == terra::Payoff::Phase::Hold ? p.hold_left() : 0}};
+}
+
 nlohmann::json stats_json(const Graph& g) {
   size_t edges = 0;
   for (const auto& n : g.nodes) edges += n.succ.size();
@@ -125,6 +142,8 @@ nlohmann::json stats_json(const Graph& g) {
           {"iterations_coexecuted", g.iterations_coexecuted},
           {"iterations_fallback", g.iterations_fallback},
           {"iterations_eager", g.iterations_eager},
+          {"iterations_eager_chosen", g.iterations_eager_chosen},
+          {"payoff", payoff_json(g.payoff)},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"fetches", g.fetches},

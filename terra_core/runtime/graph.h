@@ -17,6 +17,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "op_template.h"
+#include "terra/payoff.h"
 #include "terra/trace_graph.h"
 
 namespace terra::runtime {
@@ -49,9 +50,12 @@ struct Graph {
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
-           iterations_eager = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
+           iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
   std::vector<Fallback> fallbacks;
+  // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
+  // iterations it runs eagerly for that reason are `iterations_eager_chosen`.
+  terra::Payoff payoff;
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.
@@ -75,5 +79,7 @@ terra::LocationKey path_key(const Graph& graph, uint32_t id);
 // fallbacks with the node they left after, and the statistics.
 nlohmann::json to_json(const Graph& graph);
 nlohmann::json stats_json(const Graph& graph);  // iterations and ops by how they ran, times
+// The payoff check's state: phase, checks made, the last choice and the times it compared.
+nlohmann::json payoff_json(const terra::Payoff& payoff);
 
 }  // namespace terra::runtime

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <pthread.h>
 
@@ -160,6 +161,8 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   graph_name_ = Timeline::instance().intern(graph->name);
   last_team_move_ns_ = 0;  // the session's first move into co-execution is never held back
   root_ = root;
+  chosen_eager_ = false;
+  iteration_mode_ = previous_mode_ = Mode::Off;
   grad_defined_.clear();
   scalar_use_.clear();
   set_value_graveyard(&graveyard_);
@@ -199,8 +202,9 @@ void PythonRunner::barrier(const std::string& reason, const std::string& what) {
 void PythonRunner::mark(uint64_t boundary) {
   if (mode_ == Mode::Off) return;
   // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
-  // boundary again costs a comparison.
-  if (boundary == boundary_ && cur_ == root_node_) return;
+  // boundary again costs a comparison. Iterations run eagerly for speed issue ops nobody sees,
+  // and each is timed (payoff.h).
+  if (boundary == boundary_ && cur_ == root_node_ && !chosen_eager_) return;
   end_iteration();
   begin_iteration(boundary);
 }
@@ -232,10 +236,17 @@ void PythonRunner::end_iteration() {
       break;
     case Mode::Eager:
       ++graph_->iterations_eager;
+      graph_->iterations_eager_chosen += chosen_eager_;
       break;
     case Mode::Off:
       break;
   }
+  if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
+    // Clean: the whole iteration ran in one mode, and so did the one before it.
+    const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_;
+    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin);
+  }
+  previous_mode_ = mode_;
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
   if (live_.size() > 4096) {
@@ -267,23 +278,40 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   path_.clear();
   path_.push_back(cur_);
   ++graph_->nodes[cur_].count;
+  const bool was_chosen_eager = chosen_eager_;
+  chosen_eager_ = false;
   Mode want = Mode::Tracing;
   if (root.divergences >= policy_.max_divergences || graph_->nodes.size() >= policy_.max_nodes) {
     want = Mode::Eager;
   } else if (policy_.enabled && root.stable >= policy_.warmup) {
-    want = Mode::CoExec;
+    want = stable_mode();
   }
-  if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up();
+  // A switch the payoff check asked for moves the OpenMP team at once, rate limit or not: eager
+  // iterations timed while the GraphRunner still held a team would be timed with two teams.
+  if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up(/*move_team=*/chosen_eager_);
   // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them
   // (at most once per kTeamMoveNs); the GraphRunner's goes when the program runs ops itself again
   // (take_team_back).
   if (want == Mode::CoExec && mode_ != Mode::CoExec) {
-    if (team_may_move()) release_openmp_team();
+    if (was_chosen_eager || team_may_move()) release_openmp_team();
+    if (was_chosen_eager) grad_defined_.clear();  // the eager iterations changed the gradients
     runner().set_active(true);
     runner_team_ = true;
   }
   mode_ = want;
+  iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
+}
+
+PythonRunner::Mode PythonRunner::stable_mode() {
+  if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
+  chosen_eager_ = true;
+  return Mode::Eager;
+}
+
+bool Policy::adaptive_default() {
+  const char* env = std::getenv("TERRA_ADAPTIVE");
+  return !(env && std::string(env) == "0");
 }
 
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
@@ -846,9 +874,9 @@ void PythonRunner::take_team_back(bool always) {
   wait_for(seq);
 }
 
-void PythonRunner::catch_up() {
+void PythonRunner::catch_up(bool move_team) {
   if (!runner_) return;
-  take_team_back();  // waits for everything issued before it, too
+  take_team_back(move_team);  // waits for everything issued before it, too
   materialize_all();
   runner_->reclaim();
   advance_sequence(runner_->sequence());  // the program continues eagerly from here

@@ -38,6 +38,12 @@ struct Policy {
   int max_divergences = 8;  // per iteration start: past this the region stays eager
   size_t max_nodes = 200000;
   bool enabled = true;      // co-execution (false: trace only, never co-execute)
+  // Time co-execution against eager execution and run whichever is faster (terra/payoff.h);
+  // co-execution is kept while it takes at most (1 + payoff_margin) times eager's time. The
+  // default comes from TERRA_ADAPTIVE (0: off), so test suites can pin co-execution.
+  bool adaptive = adaptive_default();
+  double payoff_margin = 0.0;
+  static bool adaptive_default();
 };
 
 class PythonRunner {
@@ -104,9 +110,14 @@ class PythonRunner {
   void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});
   void end_iteration();
   void begin_iteration(uint64_t boundary);
+  // The mode a stable iteration runs in: co-executed, or eagerly where that measured faster.
+  Mode stable_mode();
+  bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
+  Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
+  Mode previous_mode_ = Mode::Off;   // the mode the previous iteration ended in
   // Waits for everything issued and makes every live placeholder real: from here the program
   // thread sees eager state (leaving co-execution, or before Python code Terra cannot trace).
-  void catch_up();
+  void catch_up(bool move_team = false);
   // The OpenMP team follows the kernels (openmp_team.h): the GraphRunner gives its team up, in
   // issue order, before the program thread runs ops itself again.
   void take_team_back(bool always = false);

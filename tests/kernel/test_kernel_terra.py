@@ -178,6 +178,7 @@ for _j in range(len(_keys) + 1):
     ("%terra config warmup=abc", "whole number"),
     ("%terra config nosuch=1", "key=value"),
     ("%terra on extra", "takes no arguments"),
+    ("%terra config adaptive=maybe", "expected on/off"),
     ("%terra graph In[999]", "no graph"),
 ])
 def test_bad_magic_arguments_give_usage_not_traceback(kc, command, expected):
@@ -200,6 +201,24 @@ def test_magics_report(kc):
     ok(kc, "%terra config warmup=1 summary=on")
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
+
+
+def test_eager_by_choice_is_reported_and_switchable(kc):
+    # The suite pins co-execution (tests/conftest.py); a margin of -1 makes eager always win.
+    ok(kc, "%terra config adaptive=on")
+    assert "adaptive = on" in ok(kc, "%terra config")
+    ok(kc, "import terra; terra.config(payoff_margin=-1.0)")
+    try:
+        out = ok(kc, TRAIN.format(steps=80, extra=""), summary=True)
+        assert "eager because faster" in out, out
+        status = ok(kc, "%terra status")
+        assert "eager (faster)" in status, status
+        explain = ok(kc, "%terra explain")
+        assert "runs eagerly: co-executed it took" in explain and "adaptive=off" in explain, explain
+    finally:
+        ok(kc, "terra.config(payoff_margin=0.0)")
+        ok(kc, "%terra config adaptive=off")
+    assert "adaptive = off" in ok(kc, "%terra config")
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

@@ -151,7 +151,7 @@ class _CellLoops(ast.NodeTransformer):
 
 
 COUNTERS = ("iterations_traced", "iterations_coexecuted", "iterations_fallback", "iterations_eager",
-            "ops_traced", "ops_coexecuted")
+            "iterations_eager_chosen", "ops_traced", "ops_coexecuted")
 
 
 def _counts(graph):
@@ -166,11 +166,13 @@ def summary_line(before, after, seconds):
     d = {k: after[k] - before[k] for k in COUNTERS}
     if d["ops_traced"] + d["ops_coexecuted"] == 0:
         return ""
-    total = sum(d[k] for k in COUNTERS if k.startswith("iterations"))
+    total = sum(d[k] for k in COUNTERS if k.startswith("iterations") and k != "iterations_eager_chosen")
     parts = [f"{total} iterations", f"{d['iterations_coexecuted']} co-executed",
              f"{d['iterations_traced']} traced"]
     if d["iterations_fallback"]:
         parts.append(f"{d['iterations_fallback']} fell back (%terra explain)")
-    if d["iterations_eager"]:
-        parts.append(f"{d['iterations_eager']} eager")
+    if d["iterations_eager"] > d["iterations_eager_chosen"]:
+        parts.append(f"{d['iterations_eager'] - d['iterations_eager_chosen']} eager")
+    if d["iterations_eager_chosen"]:
+        parts.append(f"{d['iterations_eager_chosen']} eager because faster (%terra explain)")
     return "Terra: " + " · ".join(parts) + f" · {seconds:.2f} s"

@@ -37,8 +37,10 @@ SETTINGS = {
     "warmup": "traced iterations that add nothing before an iteration is co-executed",
     "max_divergences": "fallbacks at one iteration start before it stays eager",
     "max_nodes": "TraceGraph nodes past which a graph stays eager",
+    "adaptive": "time co-execution against eager execution and run the faster (on/off)",
     "summary": "print a one-line summary after each co-executed cell (on/off)",
 }
+BOOLEAN_SETTINGS = ("adaptive", "summary")
 
 
 def _bool(text):
@@ -121,13 +123,14 @@ class TerraMagics(Magics):
         if not graphs:
             print("no graphs yet: run a cell with a PyTorch loop")
             return
-        header = ("graph", "cell", "nodes", "traced", "co-exec", "fell back", "eager", "time traced",
-                  "time co-exec")
+        header = ("graph", "cell", "nodes", "traced", "co-exec", "fell back", "eager",
+                  "eager (faster)", "time traced", "time co-exec")
         rows = []
         for name in graphs:
             s = terra.stats(name)
             rows.append((name, self.cells.labels.get(name, "-"), s["nodes"], s["iterations_traced"],
-                         s["iterations_coexecuted"], s["iterations_fallback"], s["iterations_eager"],
+                         s["iterations_coexecuted"], s["iterations_fallback"],
+                         s["iterations_eager"] - s["iterations_eager_chosen"], s["iterations_eager_chosen"],
                          f"{s['traced_seconds']:.2f} s", f"{s['coexec_seconds']:.2f} s"))
         widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
         for row in [header] + rows:
@@ -162,6 +165,11 @@ class TerraMagics(Magics):
                 place = f"{viewdata.place(self.shell, where[0])}, line {where[1]}" if where else "?"
                 print(f"{self.cells.labels.get(name, name)}: {place}: {f['op']} ×{f['count']}")
                 print(f"    {f['reason']}")
+        for name in names:
+            line = payoff_line(terra.stats(name)["payoff"])
+            if line:
+                found = True
+                print(f"{self.cells.labels.get(name, name)}: {line}")
         if not found:
             print("Terra: no fallbacks: every traced path was co-executed as recorded")
 
@@ -233,7 +241,12 @@ class TerraMagics(Magics):
         if not args:
             policy = terra.config()
             for key, help_text in SETTINGS.items():
-                value = ("on" if self.cells.summary else "off") if key == "summary" else policy[key]
+                if key == "summary":
+                    value = "on" if self.cells.summary else "off"
+                elif key in BOOLEAN_SETTINGS:
+                    value = "on" if policy[key] else "off"
+                else:
+                    value = policy[key]
                 print(f"{key} = {value}    # {help_text}")
             return
         changes = {}
@@ -242,7 +255,7 @@ class TerraMagics(Magics):
             if not sep or key not in SETTINGS:
                 raise UsageError(f"%terra config: expected key=value with key in {', '.join(SETTINGS)}; "
                                  f"got {arg!r}")
-            if key == "summary":
+            if key in BOOLEAN_SETTINGS:
                 changes[key] = _bool(value)
             else:
                 try:
@@ -256,6 +269,16 @@ class TerraMagics(Magics):
         if changes:
             terra.config(**changes)
         print("Terra: settings updated")
+
+
+def payoff_line(payoff):
+    """What the payoff check decided for a graph, for explain; None before its first check or
+    while co-execution is kept."""
+    if payoff["checks"] == 0 or payoff["choice"] != "eager":
+        return None
+    return (f"runs eagerly: co-executed it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "
+            f"{payoff['eager_ms']:.3f} ms (checked again in {payoff['next_check_in']} iterations; "
+            f"%terra config adaptive=off co-executes it anyway)")
 
 
 def _options(command, args, known):

@@ -278,5 +278,8 @@ def reset(name=None):
 
 
 def config(**settings):
-    """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled."""
+    """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled, adaptive (time
+    co-execution against eager execution and run the faster; TERRA_ADAPTIVE=0 turns it off by
+    default) and payoff_margin (co-execution is kept while it takes at most 1 + margin times
+    eager's time)."""
     return _c().policy(**settings)

@@ -1,0 +1,80 @@
+// Payoff: whether co-executing a graph is faster than running it eagerly, measured as it runs.
+//
+// Co-execution can lose. On a 2-core machine the GraphRunner's OpenMP worker and the program
+// thread compete for one core whenever the GraphRunner runs a parallel region (MKL splits even a
+// 7x2x128 matmul over both threads) while Python runs, and the worker spins for milliseconds after
+// each region. Measured on corpus p01, a small MLP (whole program, fresh processes, medians):
+// 85.7 ms co-executed against 16.8 ms eager with 2 intra-op threads, 14.6 against 15.8 with 1.
+// The thread count cannot be lowered for the GraphRunner alone: MKL's sgemm results differ
+// between 1 and 2 threads for 468 of 12256 shapes tried, so results would differ from eager's.
+// Where co-execution does not pay, the graph runs eagerly and Terra costs next to nothing.
+//
+// A graph's iterations go through phases: a few co-executed iterations are timed, then a few
+// eager ones, and the faster mode runs for a while (`hold`, doubled each time a check confirms
+// the choice, up to kMaxHold iterations); then the other mode is timed again. Each loop (an
+// iteration start) keeps the median of its latest clean iterations per mode: ones that ran
+// wholly in that mode and followed an iteration of the same mode (the first after a switch pays
+// for the switch). A check compares the loops timed in both modes, each weighted by how often it
+// runs. Co-execution is kept while its time is at most eager's times (1 + margin).
+//
+// Plain C++ on plain numbers: the runtime feeds it iteration times and asks which mode is next.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace terra {
+
+class Payoff {
+ public:
+  static constexpr int kSamples = 6;          // clean iterations timed per measuring phase
+  static constexpr int64_t kFirstHold = 32;   // iterations a new choice runs before a re-check
+  static constexpr int64_t kMaxHold = 4096;
+  enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Hold };
+
+  // Whether the graph's next iteration should run eagerly.
+  bool eager() const { return phase_ == Phase::MeasureEager || (phase_ == Phase::Hold && choice_eager_); }
+  // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
+  // mode and the iteration before it ran in the same mode.
+  void record(uint64_t loop, bool eager, bool clean, double seconds, double margin);
+
+  Phase phase() const { return phase_; }
+  bool choice_eager() const { return choice_eager_; }  // the last check's choice
+  uint32_t checks() const { return checks_; }
+  int64_t hold_left() const { return hold_left_; }
+  // The last check's per-iteration times (weighted over loops), in seconds; 0 before a check.
+  double coexec_seconds() const { return coexec_s_; }
+  double eager_seconds() const { return eager_s_; }
+  struct LoopTimes {
+    uint64_t loop = 0, iterations = 0;
+    double coexec_s = 0, eager_s = 0;  // medians of the latest clean iterations; 0: none
+  };
+  std::vector<LoopTimes> loops() const;
+
+ private:
+  struct Window {  // the latest kSamples clean iteration times of one loop in one mode
+    std::array<double, kSamples> v{};
+    int n = 0, next = 0;
+    void add(double x);
+    double median() const;
+  };
+  struct Loop {
+    Window coexec, eager;
+    uint64_t iterations = 0;  // weight in a check
+  };
+  void start(Phase phase);
+  void check(double margin);
+
+  std::unordered_map<uint64_t, Loop> loops_;
+  Phase phase_ = Phase::MeasureCoExec;
+  bool choice_eager_ = false;
+  bool measured_eager_ = false;
+  int samples_ = 0, iterations_ = 0;  // in the current measuring phase
+  int64_t hold_left_ = 0, hold_ = 0;
+  uint32_t checks_ = 0;
+  double coexec_s_ = 0, eager_s_ = 0;
+};
+
+}  // namespace terra

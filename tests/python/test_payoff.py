@@ -1,0 +1,103 @@
+"""The payoff check: a graph runs eagerly where co-executing it measured slower (terra/payoff.h).
+
+Which mode is faster depends on the machine, so these tests force each choice with the margin
+(co-execution is kept while it takes at most 1 + margin times eager's time): -1 can never be met,
+a huge margin always is. Either way the program's results must be bitwise those of eager
+execution, across every switch between the modes.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import terra
+
+SAMPLES = 6  # terra::Payoff::kSamples
+
+
+@pytest.fixture(autouse=True)
+def adaptive():
+    terra.reset()
+    before = terra.config()
+    yield
+    terra.config(adaptive=before["adaptive"], payoff_margin=before["payoff_margin"])
+    terra.reset()
+
+
+def train(steps, optimizer="sgd", set_to_none=True):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=set_to_none)
+        xb, yb = x[step % 4::4], y[step % 4::4]
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, opt, losses
+
+
+def same_state(a, b):
+    (ma, oa, la), (mb, ob, lb) = a, b
+    assert la == lb
+    assert all(torch.equal(p, q) for p, q in zip(ma.parameters(), mb.parameters()))
+    for sa, sb in zip(oa.state.values(), ob.state.values()):
+        for k in sa:
+            assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), k
+
+
+@pytest.mark.parametrize("optimizer,set_to_none", [("sgd", True), ("sgd", False), ("adam", True)])
+def test_eager_chosen_where_slower_and_results_stay_bitwise(optimizer, set_to_none):
+    terra.config(adaptive=True, payoff_margin=-1.0)
+    steps = 120
+    expected = train(steps, optimizer, set_to_none)
+    same_state(expected, terra.run(train, steps, optimizer, set_to_none))
+    s = terra.stats("train")
+    payoff = s["payoff"]
+    assert payoff["choice"] == "eager", payoff
+    assert payoff["checks"] >= 2, payoff  # a re-check timed co-execution again
+    # Co-executed while timed, eagerly otherwise.
+    assert s["iterations_coexecuted"] >= SAMPLES, s
+    assert s["iterations_eager_chosen"] >= steps // 2, s
+    loop = payoff["loops"][0]
+    assert loop["coexec_ms"] > 0 and loop["eager_ms"] > 0, payoff
+
+
+def test_coexecution_kept_where_it_pays():
+    terra.config(adaptive=True, payoff_margin=1e9)
+    steps = 80
+    expected = train(steps)
+    same_state(expected, terra.run(train, steps))
+    s = terra.stats("train")
+    assert s["payoff"]["choice"] == "co-execute", s["payoff"]
+    # Eager timing phases only (each SAMPLES iterations plus one that pays for the switch): the
+    # first check, and one re-check after holding co-execution for 32 iterations.
+    assert 0 < s["iterations_eager_chosen"] <= 2 * (SAMPLES + 1), s
+    assert s["iterations_coexecuted"] >= steps - 2 * (SAMPLES + 1) - 10, s
+
+
+def test_switched_off_it_never_runs_eagerly_for_speed():
+    terra.config(adaptive=False, payoff_margin=-1.0)
+    expected = train(60)
+    same_state(expected, terra.run(train, 60))
+    s = terra.stats("train")
+    assert s["iterations_eager_chosen"] == 0, s
+    assert s["payoff"]["checks"] == 0, s["payoff"]
+
+
+@pytest.mark.parametrize("env,expected", [(None, True), ("0", False), ("1", True)])
+def test_default_comes_from_terra_adaptive(env, expected):
+    environ = {k: v for k, v in os.environ.items() if k != "TERRA_ADAPTIVE"}
+    if env is not None:
+        environ["TERRA_ADAPTIVE"] = env
+    out = subprocess.run([sys.executable, "-c", "import terra; print(terra.config()['adaptive'])"],
+                         env=environ, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(expected)

@@ -1,0 +1,106 @@
+#include "terra/payoff.h"
+
+#include <gtest/gtest.h>
+
+namespace terra::test {
+namespace {
+
+// Runs iterations of one loop in whatever mode the Payoff asks for, each taking the given time in
+// that mode; the first iteration after a switch is not clean.
+struct Driver {
+  Payoff p;
+  bool last = false;  // the mode of the previous iteration (none yet: co-executed)
+  // Returns how many of the iterations ran eagerly.
+  int run(int iterations, double coexec_s, double eager_s, double margin = 0.0, uint64_t loop = 1) {
+    int eager_runs = 0;
+    for (int i = 0; i < iterations; ++i) {
+      const bool eager = p.eager();
+      eager_runs += eager;
+      p.record(loop, eager, eager == last, eager ? eager_s : coexec_s, margin);
+      last = eager;
+    }
+    return eager_runs;
+  }
+};
+
+TEST(Payoff, MeasuresCoExecutionThenEagerThenHoldsTheFaster) {
+  Driver d;
+  Payoff& p = d.p;
+  EXPECT_FALSE(p.eager());  // co-execution is timed first
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  d.run(Payoff::kSamples, 1.0, 2.0);
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureEager);
+  EXPECT_TRUE(p.eager());
+  // The first eager iteration follows a co-executed one: it is not a sample.
+  d.run(Payoff::kSamples + 1, 1.0, 2.0);
+  EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_FALSE(p.eager());
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.0);
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 2.0);
+  EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);
+}
+
+TEST(Payoff, ChoosesEagerWhereCoExecutionIsSlower) {
+  Driver d;
+  Payoff& p = d.p;
+  d.run(2 * Payoff::kSamples + 1, 3.0, 1.0);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_TRUE(p.eager());
+  // While holding, nearly everything runs eagerly; the re-check times co-execution again.
+  const int n = static_cast<int>(Payoff::kFirstHold);
+  EXPECT_EQ(d.run(n, 3.0, 1.0), n);
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  d.run(Payoff::kSamples + 1, 3.0, 1.0);
+  EXPECT_EQ(p.checks(), 2u);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_EQ(p.hold_left(), 2 * Payoff::kFirstHold);  // a confirmed choice is held longer
+}
+
+TEST(Payoff, FollowsAChangeInWhichModeIsFaster) {
+  Driver d;
+  Payoff& p = d.p;
+  d.run(2 * Payoff::kSamples + 1, 3.0, 1.0);
+  ASSERT_TRUE(p.choice_eager());
+  // Co-execution became faster (a later phase of the program): the next check sees it, with
+  // fresh eager samples taken during the hold.
+  d.run(static_cast<int>(Payoff::kFirstHold) + Payoff::kSamples + 1, 0.5, 1.0);
+  EXPECT_EQ(p.checks(), 2u);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);  // a flipped choice starts over
+}
+
+TEST(Payoff, MarginFavoursCoExecution) {
+  Driver keep, drop;
+  keep.run(2 * Payoff::kSamples + 1, 1.2, 1.0, /*margin=*/0.25);
+  drop.run(2 * Payoff::kSamples + 1, 1.2, 1.0, /*margin=*/0.1);
+  EXPECT_FALSE(keep.p.choice_eager());
+  EXPECT_TRUE(drop.p.choice_eager());
+}
+
+TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {
+  Driver d;
+  // Loop 1 runs twice as often as loop 2 and co-executes faster; loop 2 is slower co-executed.
+  // Unweighted, the medians would average to 1.25 s against eager's 1 s.
+  int i = 0;
+  for (; d.p.checks() == 0 && i < 1000; ++i) {
+    const uint64_t loop = i % 3 == 2 ? 2 : 1;
+    d.run(1, loop == 1 ? 0.5 : 2.0, 1.0, 0.0, loop);
+  }
+  ASSERT_EQ(d.p.checks(), 1u);
+  const double loop2 = i / 3, loop1 = i - loop2;
+  EXPECT_NEAR(d.p.coexec_seconds(), (loop1 * 0.5 + loop2 * 2.0) / i, 1e-12);
+  EXPECT_FALSE(d.p.choice_eager());
+}
+
+TEST(Payoff, WithoutCleanIterationsItChecksAnywayAndKeepsCoExecuting) {
+  Payoff p;
+  for (int i = 0; i < 8 * Payoff::kSamples && p.checks() == 0; ++i)
+    p.record(1, p.eager(), /*clean=*/false, 1.0, 0.0);
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_FALSE(p.choice_eager());  // nothing was timed both ways
+}
+
+}  // namespace
+}  // namespace terra::test
