@@ -18,9 +18,12 @@ the same iterations.
   start to that iteration's start;
 - co-executed share: co-executed iterations / all iterations Terra ran (traced, co-executed,
   fallen back).
-Medians over the rounds. Results: bench/results/corpus_cpu.{json,md}.
+Medians over the rounds. Results: bench/results/corpus_cpu.{json,md} (or --name). Terra runs as
+users get it, with the payoff check on (terra/payoff.h); TERRA_ADAPTIVE=0 measures co-execution
+alone:
 
     .venv/bin/python bench/corpus.py [--rounds 3] [program-name-substring ...]
+    TERRA_ADAPTIVE=0 .venv/bin/python bench/corpus.py --name corpus_cpu_coexec
 """
 import argparse
 import builtins
@@ -90,7 +93,9 @@ def run_terra(main):
     warm_iters = first if first is not None else len(its)
     warm_s = (its[first]["start_ns"] - its[0]["start_ns"]) * 1e-9 if first is not None else None
     coexec = sum(it["mode"] == "coexec" for it in its)
-    return wall, steady(durations), warm_iters, warm_s, coexec / max(1, len(its)), len(its), loop
+    eager = sum(it["mode"] == "eager" for it in its)  # eager because faster (terra/payoff.h)
+    return (wall, steady(durations), warm_iters, warm_s, coexec / max(1, len(its)), len(its), loop,
+            eager / max(1, len(its)))
 
 
 def eager_child(name, loop):
@@ -135,6 +140,7 @@ def measure(name, rounds):
         "warmup_iterations": med(r[2] for r in tr),
         "warmup_s": med(warm_s) if warm_s else None,
         "coexec_share": med(r[4] for r in tr),
+        "eager_share": med(r[7] for r in tr),
     }
 
 
@@ -146,8 +152,9 @@ def write(rows, args):
         "torch": torch.__version__,
         "python": platform.python_version(),
         "rounds": args.rounds,
+        "adaptive": terra.config()["adaptive"],
     }
-    (RESULTS / "corpus_cpu.json").write_text(json.dumps({"meta": meta, "programs": rows}, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"meta": meta, "programs": rows}, indent=1))
     geo = lambda xs: statistics.geometric_mean(xs) if xs else float("nan")  # noqa: E731
     lines = [
         "# Correctness corpus: step time under eager and Terra (CPU)",
@@ -156,17 +163,22 @@ def write(rows, args):
         f"{args.rounds} interleaved rounds, medians; eager in fresh processes that never ran Terra). "
         "Ratio = Terra / eager (lower is faster). "
         "Steady step: the busiest loop's iterations, last half. Warm-up: iterations and wall time "
-        "before the first co-executed iteration.",
+        "before the first co-executed iteration. "
+        + ("Payoff check on (the default): loops whose co-execution measured slower run eagerly "
+           "(column 'eager, faster')." if meta["adaptive"] else
+           "Payoff check off (TERRA_ADAPTIVE=0): co-execution wherever the trace allows, whatever "
+           "its speed."),
         "",
-        "| program | iterations | co-executed | eager ms/step | Terra ms/step | step ratio | whole-program ratio | warm-up iterations | warm-up ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| program | iterations | co-executed | eager, faster | eager ms/step | Terra ms/step | step ratio | whole-program ratio | warm-up iterations | warm-up ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         warm = f"{r['warmup_s'] * 1e3:.1f}" if r["warmup_s"] is not None else "never"
         step = (f"{r['eager_step_ms']:.3f} | {r['terra_step_ms']:.3f} | {r['step_ratio']:.2f}"
                 if r["step_ratio"] else "n/a | n/a | n/a (too few steady iterations)")
         lines.append(
-            f"| {r['program']} | {r['iterations']} | {r['coexec_share'] * 100:.0f}% | {step} | "
+            f"| {r['program']} | {r['iterations']} | {r['coexec_share'] * 100:.0f}% | "
+            f"{r.get('eager_share', 0) * 100:.0f}% | {step} | "
             f"{r['wall_ratio']:.2f} | {r['warmup_iterations']:.0f} | {warm} |")
     lines += [
         "",
@@ -175,7 +187,7 @@ def write(rows, args):
         f"state on {sum((r['step_ratio'] or 9) < 1 for r in rows)} of {len(rows)} programs.",
         "",
     ]
-    (RESULTS / "corpus_cpu.md").write_text("\n".join(lines))
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
@@ -183,6 +195,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("only", nargs="*", help="substrings of program names to run")
+    parser.add_argument("--name", default="corpus_cpu", help="results file name under bench/results")
     parser.add_argument("--eager-child", nargs=2, metavar=("NAME", "LOOP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.eager_child:

@@ -245,6 +245,9 @@ void PythonRunner::end_iteration() {
     // Clean: the whole iteration ran in one mode, and so did the one before it.
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_;
     graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin);
+  } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
+             previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
+    graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
   }
   previous_mode_ = mode_;
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);

@@ -30,7 +30,13 @@ std::vector<Payoff::LoopTimes> Payoff::loops() const {
 void Payoff::start(Phase phase) {
   phase_ = phase;
   samples_ = iterations_ = 0;
+  // A measuring phase times its mode afresh: older samples may be from another phase of the
+  // program. The other mode's samples are recent (taken while it was held).
+  if (phase == Phase::Hold) return;
+  for (auto& [id, l] : loops_) (phase == Phase::MeasureCoExec ? l.coexec : l.eager) = Window{};
 }
+
+void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.add(seconds); }
 
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin) {
   Loop& l = loops_[loop];
@@ -42,6 +48,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   }
   ++iterations_;
   if (clean && eager == (phase_ == Phase::MeasureEager)) ++samples_;
+  if (samples_ >= kQuick && clear_winner(margin)) return;
   // A loop that never yields clean iterations (each one diverges, say) is checked anyway.
   if (samples_ < kSamples && iterations_ < 4 * kSamples) return;
   if (phase_ == Phase::MeasureCoExec && !measured_eager_) {
@@ -49,27 +56,49 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
     return;
   }
   measured_eager_ = measured_eager_ || phase_ == Phase::MeasureEager;
-  check(margin);
+  const Totals t = totals(false);
+  // No loop was timed both ways: keep co-executing (it is what the program asked for).
+  decide(t.weight > 0 && t.coexec > t.eager * (1.0 + margin), t);
 }
 
-void Payoff::check(double margin) {
-  double coexec = 0, eager = 0;
+Payoff::Totals Payoff::totals(bool traced_for_eager) const {
+  Totals t;
   for (const auto& [id, l] : loops_) {
-    if (l.coexec.n == 0 || l.eager.n == 0) continue;
+    const Window& eager = l.eager.n == 0 && traced_for_eager ? l.traced : l.eager;
+    if (l.coexec.n == 0 || eager.n == 0) continue;
     const double w = static_cast<double>(l.iterations);
-    coexec += w * l.coexec.median();
-    eager += w * l.eager.median();
+    t.coexec += w * l.coexec.median();
+    t.eager += w * eager.median();
+    t.weight += l.iterations;
   }
-  uint64_t total = 0;
-  for (const auto& [id, l] : loops_)
-    if (l.coexec.n && l.eager.n) total += l.iterations;
-  // No loop was timed both ways: keep co-executing (it is what the program asked for).
-  const bool choose_eager = total > 0 && coexec > eager * (1.0 + margin);
-  hold_ = checks_ > 0 && choose_eager == choice_eager_ ? std::min(2 * hold_, kMaxHold) : kFirstHold;
+  return t;
+}
+
+bool Payoff::clear_winner(double margin) {
+  const bool eager_known = measured_eager_ || phase_ == Phase::MeasureEager;
+  const Totals t = totals(!eager_known);
+  if (t.weight == 0) return false;
+  const double limit = t.eager * (1.0 + margin);
+  if (t.coexec > limit * kClear) {
+    measured_eager_ = eager_known;
+    decide(true, t);
+    return true;
+  }
+  // Traced times only bound eager's from above: they can show co-execution slower, never faster.
+  if (eager_known && t.coexec * kClear < limit) {
+    measured_eager_ = true;
+    decide(false, t);
+    return true;
+  }
+  return false;
+}
+
+void Payoff::decide(bool eager, const Totals& t) {
+  hold_ = checks_ > 0 && eager == choice_eager_ ? std::min(2 * hold_, kMaxHold) : kFirstHold;
   hold_left_ = hold_;
-  choice_eager_ = choose_eager;
-  coexec_s_ = total ? coexec / static_cast<double>(total) : 0;
-  eager_s_ = total ? eager / static_cast<double>(total) : 0;
+  choice_eager_ = eager;
+  coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
+  eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
   ++checks_;
   start(Phase::Hold);
 }

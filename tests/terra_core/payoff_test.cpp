@@ -23,49 +23,85 @@ struct Driver {
   }
 };
 
+// Run until the next check (at most `limit` iterations); returns the iterations it took.
+int until_check(Driver& d, double coexec_s, double eager_s, int limit = 1000) {
+  const uint32_t checks = d.p.checks();
+  int i = 0;
+  while (d.p.checks() == checks && i < limit) {
+    d.run(1, coexec_s, eager_s);
+    ++i;
+  }
+  return i;
+}
+
 TEST(Payoff, MeasuresCoExecutionThenEagerThenHoldsTheFaster) {
   Driver d;
   Payoff& p = d.p;
   EXPECT_FALSE(p.eager());  // co-execution is timed first
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
-  d.run(Payoff::kSamples, 1.0, 2.0);
+  // Close times (1.1 vs 1.0 is no clear winner): both phases run to kSamples clean iterations.
+  d.run(Payoff::kSamples, 1.0, 1.1);
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureEager);
   EXPECT_TRUE(p.eager());
   // The first eager iteration follows a co-executed one: it is not a sample.
-  d.run(Payoff::kSamples + 1, 1.0, 2.0);
+  d.run(Payoff::kSamples, 1.0, 1.1);
+  EXPECT_EQ(p.checks(), 0u);
+  d.run(1, 1.0, 1.1);
   EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_FALSE(p.eager());
   EXPECT_EQ(p.checks(), 1u);
   EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.0);
-  EXPECT_DOUBLE_EQ(p.eager_seconds(), 2.0);
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 1.1);
   EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);
 }
 
-TEST(Payoff, ChoosesEagerWhereCoExecutionIsSlower) {
+TEST(Payoff, AClearWinnerEndsAPhaseEarly) {
   Driver d;
   Payoff& p = d.p;
-  d.run(2 * Payoff::kSamples + 1, 3.0, 1.0);
+  d.run(Payoff::kSamples, 3.0, 1.0);
+  ASSERT_EQ(p.phase(), Payoff::Phase::MeasureEager);
+  // One iteration paying for the switch, then kQuick clean ones show eager 3x faster.
+  EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);
   EXPECT_TRUE(p.choice_eager());
   EXPECT_TRUE(p.eager());
-  // While holding, nearly everything runs eagerly; the re-check times co-execution again.
+  // While holding, everything runs eagerly; the re-check times co-execution again, briefly.
   const int n = static_cast<int>(Payoff::kFirstHold);
   EXPECT_EQ(d.run(n, 3.0, 1.0), n);
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
-  d.run(Payoff::kSamples + 1, 3.0, 1.0);
+  EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);
   EXPECT_EQ(p.checks(), 2u);
   EXPECT_TRUE(p.choice_eager());
   EXPECT_EQ(p.hold_left(), 2 * Payoff::kFirstHold);  // a confirmed choice is held longer
 }
 
+TEST(Payoff, TracedIterationsShowCoExecutionSlowerBeforeEagerIsTimed) {
+  Driver d;
+  Payoff& p = d.p;
+  for (int i = 0; i < 3; ++i) p.record_traced(1, 1.0);  // tracing: eager work plus recording
+  EXPECT_EQ(until_check(d, 3.0, 1.0), Payoff::kQuick);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 1.0);
+}
+
+TEST(Payoff, TracedIterationsNeverShowCoExecutionFaster) {
+  Driver d;
+  Payoff& p = d.p;
+  for (int i = 0; i < 3; ++i) p.record_traced(1, 1.0);
+  // Co-execution faster than tracing says nothing about eager: eager is timed as well.
+  d.run(Payoff::kSamples, 0.5, 0.9);
+  EXPECT_EQ(p.checks(), 0u);
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureEager);
+}
+
 TEST(Payoff, FollowsAChangeInWhichModeIsFaster) {
   Driver d;
   Payoff& p = d.p;
-  d.run(2 * Payoff::kSamples + 1, 3.0, 1.0);
+  until_check(d, 3.0, 1.0);
   ASSERT_TRUE(p.choice_eager());
-  // Co-execution became faster (a later phase of the program): the next check sees it, with
-  // fresh eager samples taken during the hold.
-  d.run(static_cast<int>(Payoff::kFirstHold) + Payoff::kSamples + 1, 0.5, 1.0);
+  // Co-execution became faster (a later phase of the program): the next check sees it, against
+  // eager samples taken during the hold.
+  until_check(d, 0.5, 1.0);
   EXPECT_EQ(p.checks(), 2u);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);  // a flipped choice starts over

@@ -17,6 +17,12 @@
 // for the switch). A check compares the loops timed in both modes, each weighted by how often it
 // runs. Co-execution is kept while its time is at most eager's times (1 + margin).
 //
+// Timing the slower mode costs: a 50-step program whose co-execution is 4x slower spent half its
+// time in co-executed timing phases. So a phase ends after kQuick clean iterations when the
+// winner is already clear (by a factor kClear), and before eager execution was ever timed, traced
+// iterations stand in for it: tracing runs every op eagerly and records it, so it is never faster
+// than eager execution, and co-execution slower than tracing is slower than eager.
+//
 // Plain C++ on plain numbers: the runtime feeds it iteration times and asks which mode is next.
 #pragma once
 
@@ -30,6 +36,8 @@ namespace terra {
 class Payoff {
  public:
   static constexpr int kSamples = 6;          // clean iterations timed per measuring phase
+  static constexpr int kQuick = 3;            // enough when one mode is faster by kClear
+  static constexpr double kClear = 1.25;
   static constexpr int64_t kFirstHold = 32;   // iterations a new choice runs before a re-check
   static constexpr int64_t kMaxHold = 4096;
   enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Hold };
@@ -39,6 +47,8 @@ class Payoff {
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
   // mode and the iteration before it ran in the same mode.
   void record(uint64_t loop, bool eager, bool clean, double seconds, double margin);
+  // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
+  void record_traced(uint64_t loop, double seconds);
 
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
@@ -61,11 +71,18 @@ class Payoff {
     double median() const;
   };
   struct Loop {
-    Window coexec, eager;
+    Window coexec, eager, traced;
     uint64_t iterations = 0;  // weight in a check
   };
+  struct Totals {  // weighted over the loops timed both ways
+    double coexec = 0, eager = 0;
+    uint64_t weight = 0;
+  };
+  // `traced_for_eager`: loops not yet timed eagerly use their traced times instead.
+  Totals totals(bool traced_for_eager) const;
   void start(Phase phase);
-  void check(double margin);
+  bool clear_winner(double margin);  // decides early if one mode is clearly faster
+  void decide(bool eager, const Totals& t);
 
   std::unordered_map<uint64_t, Loop> loops_;
   Phase phase_ = Phase::MeasureCoExec;
