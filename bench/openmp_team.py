@@ -17,6 +17,7 @@ Each round starts the three processes in turn (interleaved); medians over rounds
 process's best-of-5 per-op time. Results: bench/results/openmp_team.{json,md}.
 """
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 
 ROUNDS = 5
+# The "after" process must really co-execute its loop: the payoff check (terra/payoff.h) stays off.
+os.environ["TERRA_ADAPTIVE"] = "0"
 
 
 def ops():

@@ -20,6 +20,10 @@ import threading
 import time
 from pathlib import Path
 
+# What co-execution itself costs per op: the payoff check (terra/payoff.h), which would run a chain
+# eagerly where co-executing it is slower, stays off in the children.
+os.environ["TERRA_ADAPTIVE"] = "0"
+
 K, ITERS, REPEATS, ROUNDS = 50, 60, 7, 5
 SIZES = (1, 64, 256)
 

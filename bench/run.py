@@ -636,15 +636,17 @@ def write_markdown(doc, path):
                 cells.append(_cell(r))
         L.append(f"| {name} | " + " | ".join(cells) + " |")
     L += ["", "## Graphs, graph breaks, Terra fallbacks", "",
-          "Terra: iterations traced / co-executed / eager-fallback, fallbacks, fetches, TraceGraph nodes "
+          "Terra: iterations traced / co-executed / eager-fallback / eager because faster (the payoff "
+          "check, terra/payoff.h), fallbacks, fetches, TraceGraph nodes "
           "(terra.stats). compile: torch._dynamo counters summed over the run (unique graphs, graph breaks, "
           "distinct break reasons).", "",
-          "| program | Terra it. traced/coexec/fallback | Terra fallbacks | Terra fetches | Terra nodes | "
+          "| program | Terra it. traced/coexec/fallback/faster-eager | Terra fallbacks | Terra fetches | Terra nodes | "
           "compile(step) graphs / breaks (reasons) | compile(model, fullgraph) graphs |", "|---|---|---:|---:|---:|---|---|"]
     for name, p in progs.items():
         t = p["modes"].get("terra", {}).get("terra_stats", {})
+        chosen = t.get("iterations_eager_chosen", 0)
         tc = (f"{t.get('iterations_traced')}/{t.get('iterations_coexecuted')}/"
-              f"{t.get('iterations_fallback', 0) + t.get('iterations_eager', 0)}") if t else "-"
+              f"{t.get('iterations_fallback', 0) + t.get('iterations_eager', 0) - chosen}/{chosen}") if t else "-"
         c = p["modes"].get("compile", {}).get("dynamo")
         cc = f"{c['unique_graphs']} / {c['graph_breaks']} ({c['distinct_break_reasons']})" if c else "-"
         f = p["modes"].get("compile_fullgraph", {})

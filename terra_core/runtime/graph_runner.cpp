@@ -2,6 +2,7 @@
 
 #include "op_template.h"
 #include "openmp_team.h"
+#include "runner_allocator.h"
 #include "timeline.h"
 
 #include <ATen/Parallel.h>
@@ -157,6 +158,7 @@ bool GraphRunner::wait_for_work(uint64_t next) {
 }
 
 void GraphRunner::loop() {
+  RunnerAllocator::set_cached_thread(true);  // its buffers are reused across iterations
   uint64_t next = 0;
   // The current busy span: from the first item executed after idling (or after the issuing
   // iteration changed) to the end of the last one.
@@ -196,20 +198,10 @@ void GraphRunner::loop() {
       }
       try {
         execute(item);
-      } catch (const c10::IndexError& e) {
-        error_ = {"IndexError", e.what_without_backtrace(), item.node};
-      } catch (const c10::ValueError& e) {
-        error_ = {"ValueError", e.what_without_backtrace(), item.node};
-      } catch (const c10::TypeError& e) {
-        error_ = {"TypeError", e.what_without_backtrace(), item.node};
-      } catch (const c10::NotImplementedError& e) {
-        error_ = {"NotImplementedError", e.what_without_backtrace(), item.node};
-      } catch (const c10::Error& e) {
-        error_ = {"RuntimeError", e.what_without_backtrace(), item.node};
-      } catch (const std::exception& e) {
-        error_ = {"RuntimeError", e.what(), item.node};
+      } catch (...) {
+        error_ = {std::current_exception(), item.node};
+        failed_.store(true, std::memory_order_release);
       }
-      if (!error_.type.empty()) failed_.store(true, std::memory_order_release);
       busy.end_ns = now_ns();
       ++span_ops;
       span_busy += busy.end_ns - t0;

@@ -72,11 +72,12 @@ struct WorkItem {
   }
 };
 
-// An op that failed in the GraphRunner, to be raised in the Python thread.
+// An op that failed in the GraphRunner: its exception, rethrown in the Python thread with the op
+// and source line added (so a c10::IndexError stays an IndexError for Python).
 struct RunnerError {
-  std::string type;     // Python exception type name (RuntimeError, IndexError, ValueError, ...)
-  std::string message;
+  std::exception_ptr exception;
   uint32_t node = 0;
+  explicit operator bool() const { return static_cast<bool>(exception); }
 };
 
 // Autograd orders the nodes of a backward pass by their sequence numbers, which each thread

@@ -2,6 +2,7 @@
 
 #include "backward_hooks.h"
 #include "openmp_team.h"
+#include "runner_allocator.h"
 #include "terra/location_key.h"
 #include "timeline.h"
 
@@ -84,13 +85,18 @@ class GilReleased {
 };
 
 [[noreturn]] void raise(const RunnerError& e, const std::string& where) {
-  std::string msg = e.message + "\n(Terra: raised by the GraphRunner while executing " + where +
-                    "; the program had already continued past that op)";
-  if (e.type == "IndexError") TORCH_CHECK_INDEX(false, msg);
-  if (e.type == "ValueError") TORCH_CHECK_VALUE(false, msg);
-  if (e.type == "TypeError") TORCH_CHECK_TYPE(false, msg);
-  if (e.type == "NotImplementedError") TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
-  TORCH_CHECK(false, msg);
+  const std::string context = "(Terra: raised by the GraphRunner while executing " + where +
+                              "; the program had already continued past that op)";
+  try {
+    std::rethrow_exception(e.exception);
+  } catch (c10::Error& error) {
+    error.add_context(context);  // keeps its type: IndexError, ValueError, ...
+    throw;
+  } catch (const std::exception& error) {
+    TORCH_CHECK(false, error.what(), "\n", context);
+  } catch (...) {
+  }
+  TORCH_CHECK(false, "Terra: the GraphRunner failed with a non-standard exception\n", context);
 }
 
 // The op and the innermost frame of the user's own code (not PyTorch's or Terra's), the file
@@ -124,6 +130,7 @@ PythonRunner& PythonRunner::instance() {
 
 void PythonRunner::forget_after_fork() {
   (void)runner_.release();  // its thread exists only in the parent: never joined, never used
+  RunnerAllocator::after_fork_in_child();
   mode_ = Mode::Off;
   paused_ = 0;
   set_hook(false);
@@ -141,7 +148,10 @@ void PythonRunner::install_dispatch_hook() {
 }
 
 GraphRunner& PythonRunner::runner() {
-  if (!runner_) runner_ = std::make_unique<GraphRunner>();
+  if (!runner_) {
+    RunnerAllocator::install();
+    runner_ = std::make_unique<GraphRunner>();
+  }
   return *runner_;
 }
 
@@ -166,6 +176,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   grad_defined_.clear();
   scalar_use_.clear();
   set_value_graveyard(&graveyard_);
+  if (runner_) RunnerAllocator::install().activate();
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }
@@ -181,6 +192,7 @@ void PythonRunner::exit() {
   live_.clear();
   set_value_graveyard(nullptr);
   graveyard_.clear();
+  if (runner_) RunnerAllocator::install().release();  // eager work keeps none of its memory
   grad_defined_.clear();
   raise_if_failed();
   graph_ = nullptr;

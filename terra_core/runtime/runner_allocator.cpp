@@ -1,0 +1,131 @@
+#include "runner_allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace terra::runtime {
+
+namespace {
+
+constexpr size_t kAlign = 64;  // as c10's own CPU allocations
+
+thread_local bool t_cached = false;
+RunnerAllocator* g_allocator = nullptr;
+
+// Nearby sizes share a free list: small blocks by 64 bytes, larger ones by 4 KiB, large ones by
+// 64 KiB (a little waste, and a batch whose last dimension changes by one still reuses memory).
+size_t round_size(size_t n) {
+  const size_t step = n <= 4096 ? 64 : n <= (size_t{1} << 20) ? 4096 : size_t{65536};
+  return (n + step - 1) / step * step;
+}
+
+}  // namespace
+
+RunnerAllocator& RunnerAllocator::install() {
+  static RunnerAllocator* allocator = [] {
+    // Never destroyed: blocks it handed out may be freed at any time up to process exit.
+    auto* a = new RunnerAllocator(c10::GetCPUAllocator());
+    g_allocator = a;
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    return a;
+  }();
+  return *allocator;
+}
+
+void RunnerAllocator::set_cached_thread(bool cached) { t_cached = cached; }
+
+c10::DataPtr RunnerAllocator::allocate(size_t n) {
+  if (!t_cached || n == 0) return next_->allocate(n);
+  const size_t size = round_size(n);
+  void* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.find(size);
+    if (it != free_.end() && !it->second.empty()) {
+      data = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= size;
+      ++stats_.hits;
+      live_.emplace(data, size);
+    } else {
+      ++stats_.misses;
+    }
+  }
+  if (!data) {
+    if (posix_memalign(&data, kAlign, size) != 0) data = nullptr;
+    TORCH_CHECK(data, "Terra: out of memory allocating ", n, " bytes in the GraphRunner");
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.emplace(data, size);
+  }
+  // data == context, as raw_allocate (oneDNN's scratch memory) requires.
+  return {data, data, &RunnerAllocator::deallocate, c10::Device(c10::DeviceType::CPU)};
+}
+
+c10::DeleterFnPtr RunnerAllocator::raw_deleter() const {
+  return next_->raw_deleter() ? &RunnerAllocator::deallocate : nullptr;
+}
+
+void RunnerAllocator::deallocate(void* data) {
+  RunnerAllocator& a = *g_allocator;
+  bool ours = false;
+  {
+    std::lock_guard<std::mutex> lock(a.mutex_);
+    auto it = a.live_.find(data);
+    if (it != a.live_.end()) {
+      ours = true;
+      const size_t size = it->second;
+      a.live_.erase(it);
+      if (a.active_ && a.cached_bytes_ + size <= kMaxCachedBytes) {
+        a.free_[size].push_back(data);
+        a.cached_bytes_ += size;
+        return;
+      }
+    }
+  }
+  if (ours) {
+    std::free(data);
+  } else {
+    a.next_->raw_deleter()(data);  // raw_deallocate of a block the wrapped allocator made
+  }
+}
+
+void RunnerAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+void RunnerAllocator::release() {
+  std::unordered_map<size_t, std::vector<void*>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks.swap(free_);
+    cached_bytes_ = 0;
+    active_ = false;
+  }
+  for (auto& [size, list] : blocks)
+    for (void* base : list) std::free(base);
+}
+
+void RunnerAllocator::after_fork_in_child() {
+  if (!g_allocator) return;
+  new (&g_allocator->mutex_) std::mutex();
+  g_allocator->active_ = false;
+  t_cached = false;
+}
+
+void RunnerAllocator::activate() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  active_ = true;
+}
+
+RunnerAllocator::Stats RunnerAllocator::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Stats s = stats_;
+  s.cached_bytes = cached_bytes_;
+  return s;
+}
+
+}  // namespace terra::runtime

@@ -1,0 +1,127 @@
+#include "runner_allocator.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace terra::runtime {
+namespace {
+
+struct CachedThread {
+  CachedThread() { RunnerAllocator::set_cached_thread(true); }
+  ~CachedThread() { RunnerAllocator::set_cached_thread(false); }
+};
+
+class RunnerAllocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    alloc_ = &RunnerAllocator::install();
+    alloc_->release();
+    alloc_->activate();
+  }
+  void TearDown() override { alloc_->release(); }
+  RunnerAllocator* alloc_ = nullptr;
+};
+
+TEST_F(RunnerAllocatorTest, IsTheProcessCpuAllocator) {
+  EXPECT_EQ(c10::GetCPUAllocator(), alloc_);
+}
+
+TEST_F(RunnerAllocatorTest, AFreedBlockIsHandedOutAgainOnTheCachedThread) {
+  CachedThread cached;
+  const auto before = alloc_->stats();
+  void* first;
+  {
+    at::Tensor t = at::empty({256, 256});
+    first = t.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u);  // aligned like c10's own blocks
+  }
+  EXPECT_EQ(alloc_->stats().cached_bytes, 256u * 256u * 4u);
+  at::Tensor again = at::empty({256, 256});
+  EXPECT_EQ(again.data_ptr(), first);
+  // A nearby size shares the size class (rounded to 4 KiB).
+  again.reset();
+  at::Tensor nearby = at::empty({256 * 256 - 3});
+  EXPECT_EQ(nearby.data_ptr(), first);
+  const auto after = alloc_->stats();
+  EXPECT_EQ(after.hits - before.hits, 2u);
+  EXPECT_EQ(after.misses - before.misses, 1u);
+}
+
+TEST_F(RunnerAllocatorTest, OtherThreadsUseTheWrappedAllocatorUnchanged) {
+  const auto before = alloc_->stats();
+  at::Tensor t = at::empty({1000});
+  EXPECT_NE(t.storage().data_ptr().get_deleter(), nullptr);
+  t.reset();
+  const auto after = alloc_->stats();
+  EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);
+  EXPECT_EQ(after.cached_bytes, 0u);
+}
+
+TEST_F(RunnerAllocatorTest, BlocksFreedOnAnotherThreadComeBackToTheCache) {
+  at::Tensor made;
+  std::thread runner([&] {
+    CachedThread cached;
+    made = at::ones({64, 64});
+  });
+  runner.join();
+  void* p = made.data_ptr();
+  made.reset();  // freed here, on a thread that does not cache
+  EXPECT_EQ(alloc_->stats().cached_bytes, 64u * 64u * 4u);
+  CachedThread cached;
+  EXPECT_EQ(at::empty({64, 64}).data_ptr(), p);
+}
+
+TEST_F(RunnerAllocatorTest, ReleaseFreesTheCacheAndStopsCachingUntilActivated) {
+  CachedThread cached;
+  at::Tensor a = at::empty({4096});
+  at::Tensor b = at::empty({4096});
+  a.reset();
+  EXPECT_GT(alloc_->stats().cached_bytes, 0u);
+  alloc_->release();
+  EXPECT_EQ(alloc_->stats().cached_bytes, 0u);
+  b.reset();  // dies between sessions: freed for real
+  EXPECT_EQ(alloc_->stats().cached_bytes, 0u);
+  alloc_->activate();
+  at::empty({4096}).reset();
+  EXPECT_GT(alloc_->stats().cached_bytes, 0u);
+}
+
+TEST_F(RunnerAllocatorTest, RawAllocationsWorkOnEveryThread) {
+  // oneDNN takes its memory through raw_allocate/raw_deallocate, on whichever thread runs a
+  // convolution: both kinds of block must go back through the one raw deleter.
+  ASSERT_NE(alloc_->raw_deleter(), nullptr);
+  void* plain = alloc_->raw_allocate(10000);
+  alloc_->raw_deallocate(plain);
+  {
+    CachedThread cached;
+    void* block = alloc_->raw_allocate(10000);
+    alloc_->raw_deallocate(block);
+    EXPECT_EQ(alloc_->raw_allocate(10000), block);  // cached
+    alloc_->raw_deallocate(block);
+  }
+  alloc_->raw_deallocate(alloc_->raw_allocate(10000));
+}
+
+TEST_F(RunnerAllocatorTest, ConvolutionOnTheCachedThreadMatchesOtherThreads) {
+  at::manual_seed(0);
+  at::Tensor x = at::randn({2, 3, 16, 16}), w = at::randn({4, 3, 3, 3});
+  at::Tensor expected = at::conv2d(x, w);
+  CachedThread cached;
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(at::conv2d(x, w), expected));
+}
+
+TEST_F(RunnerAllocatorTest, ValuesWrittenIntoReusedBlocksAreTheOps) {
+  CachedThread cached;
+  at::Tensor x = at::arange(1000, at::kFloat);
+  at::Tensor expected = x * 3 + 1;
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor y = x * 3 + 1;  // the intermediate's block is reused every round
+    EXPECT_TRUE(at::equal(y, expected));
+  }
+}
+
+}  // namespace
+}  // namespace terra::runtime
