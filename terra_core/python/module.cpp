@@ -139,6 +139,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("active", [] { return R().active(); });
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
+  m.def("runner_counts", [] {
+    py::dict d;
+    auto& r = R().runner();
+    d["ops_autograd"] = r.ops_autograd();
+    d["ops_below_autograd"] = r.ops_below_autograd();
+    return d;
+  }, "ATen ops the GraphRunner executed through autograd and below it, since the process started.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();

@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
@@ -30,6 +31,28 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
     for (const c10::IValue& e : v.toList()) out.push_back(e.isTensor() ? resolve_placeholder(e.toTensor()) : at::Tensor());
   }
   return out;
+}
+
+// Whether autograd has anything to do for an op on these arguments: record a node (grad mode on
+// and an input requires grad) or propagate a forward-mode gradient (a dual tensor, whatever the
+// grad mode). A tensor without autograd metadata has neither.
+bool needs_autograd(const torch::jit::Stack& args, bool grad_mode) {
+  auto needs = [grad_mode](const at::Tensor& t) {
+    if (!t.defined() || !t.unsafeGetTensorImpl()->autograd_meta()) return false;
+    return (grad_mode && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
+  };
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      if (needs(v.toTensor())) return true;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList())
+        if (needs(t)) return true;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toList())
+        if (e.isTensor() && needs(e.toTensor())) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -260,7 +283,17 @@ void GraphRunner::execute(WorkItem& item) {
       torch::jit::Stack stack;
       stack.reserve(item.args.size());
       for (const c10::IValue& v : item.args) stack.push_back(resolve_placeholders(v));
-      item.op->callBoxed(&stack);
+      if (needs_autograd(stack, item.grad_mode)) {
+        ops_autograd_.fetch_add(1, std::memory_order_relaxed);
+        item.op->callBoxed(&stack);
+      } else {
+        ops_below_autograd_.fetch_add(1, std::memory_order_relaxed);
+        // Nothing for autograd to record (an optimizer update under no_grad, a metric, data
+        // preparation): the kernel below it, as autograd would call it. ADInplaceOrView stays, so
+        // version counters and view metadata are eager's.
+        at::AutoDispatchBelowAutograd below;
+        item.op->callBoxed(&stack);
+      }
       size_t k = 0;
       auto fill = [&](const at::Tensor& t) {
         if (k < item.outs.size() && item.outs[k]) {

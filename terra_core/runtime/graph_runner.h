@@ -121,6 +121,9 @@ class GraphRunner {
 
   // The autograd sequence number the GraphRunner thread has reached (see advance_sequence).
   uint64_t sequence() const { return sequence_.load(std::memory_order_acquire); }
+  // ATen items executed through autograd, and below it (autograd had nothing to record).
+  uint64_t ops_autograd() const { return ops_autograd_.load(std::memory_order_relaxed); }
+  uint64_t ops_below_autograd() const { return ops_below_autograd_.load(std::memory_order_relaxed); }
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
 
@@ -142,6 +145,7 @@ class GraphRunner {
   std::atomic<bool> stop_{false};
   std::atomic<bool> active_{false};
   std::atomic<uint64_t> busy_ns_{0};
+  std::atomic<uint64_t> ops_autograd_{0}, ops_below_autograd_{0};
   std::atomic<uint64_t> sequence_{0};
   RunnerError error_;
   std::mutex mutex_;
