@@ -94,7 +94,7 @@ bool Payoff::clear_winner(double margin) {
 }
 
 void Payoff::decide(bool eager, const Totals& t) {
-  hold_ = checks_ > 0 && eager == choice_eager_ ? std::min(2 * hold_, kMaxHold) : kFirstHold;
+  hold_ = checks_ > 0 && eager == choice_eager_ ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
   hold_left_ = hold_;
   choice_eager_ = eager;
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;

@@ -72,7 +72,7 @@ TEST(Payoff, AClearWinnerEndsAPhaseEarly) {
   EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);
   EXPECT_EQ(p.checks(), 2u);
   EXPECT_TRUE(p.choice_eager());
-  EXPECT_EQ(p.hold_left(), 2 * Payoff::kFirstHold);  // a confirmed choice is held longer
+  EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * Payoff::kFirstHold);  // a confirmed choice is held longer
 }
 
 TEST(Payoff, TracedIterationsShowCoExecutionSlowerBeforeEagerIsTimed) {

@@ -10,8 +10,8 @@
 // Where co-execution does not pay, the graph runs eagerly and Terra costs next to nothing.
 //
 // A graph's iterations go through phases: a few co-executed iterations are timed, then a few
-// eager ones, and the faster mode runs for a while (`hold`, doubled each time a check confirms
-// the choice, up to kMaxHold iterations); then the other mode is timed again. Each loop (an
+// eager ones, and the faster mode runs for a while (`hold`, kHoldGrowth times longer each time a
+// check confirms the choice, up to kMaxHold iterations); then the other mode is timed again. Each loop (an
 // iteration start) keeps the median of its latest clean iterations per mode: ones that ran
 // wholly in that mode and followed an iteration of the same mode (the first after a switch pays
 // for the switch). A check compares the loops timed in both modes, each weighted by how often it
@@ -39,7 +39,8 @@ class Payoff {
   static constexpr int kQuick = 3;            // enough when one mode is faster by kClear
   static constexpr double kClear = 1.25;
   static constexpr int64_t kFirstHold = 32;   // iterations a new choice runs before a re-check
-  static constexpr int64_t kMaxHold = 4096;
+  static constexpr int64_t kHoldGrowth = 4;   // each confirming check holds this much longer
+  static constexpr int64_t kMaxHold = 8192;
   enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Hold };
 
   // Whether the graph's next iteration should run eagerly.
