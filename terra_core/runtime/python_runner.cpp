@@ -708,7 +708,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     size_t index = k++;
     if (o.alias_arg >= 0) return (*stack)[static_cast<size_t>(o.alias_arg)].toTensor();
     if (o.none) return at::Tensor();
-    auto slot = std::make_shared<Slot>();
+    auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
     slot->seq = seq;
     slot->runner_allocated = t.kind == OpKind::Aten;
     std::shared_ptr<AliasGroup> group;

@@ -1,0 +1,48 @@
+#include "placeholder.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace terra::runtime {
+namespace {
+
+TEST(PlaceholderPool, AFreedBlockIsReusedOnTheSameThread) {
+  void* a = pool_allocate(96);
+  pool_free(a, 96);
+  EXPECT_EQ(pool_allocate(96), a);
+  void* other = pool_allocate(200);  // another size: another list
+  EXPECT_NE(other, a);
+  pool_free(other, 200);
+  pool_free(a, 96);
+}
+
+TEST(PlaceholderPool, BlocksFreedOnAnotherThreadServeThatThread) {
+  void* a = pool_allocate(112);
+  void* reused = nullptr;
+  std::thread t([&] {
+    pool_free(a, 112);
+    reused = pool_allocate(112);
+  });
+  t.join();
+  EXPECT_EQ(reused, a);
+  pool_free(reused, 112);
+}
+
+TEST(PlaceholderPool, SlotsAndPlaceholdersComeFromThePool) {
+  auto make = [] {
+    auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
+    TensorMeta meta;
+    meta.sizes = {2, 3};
+    meta.strides = {3, 1};
+    at::Tensor p = make_placeholder(meta, slot, own_group(slot));
+    return std::make_pair(static_cast<void*>(slot.get()), static_cast<void*>(p.unsafeGetTensorImpl()));
+  };
+  const auto first = make();   // both die here
+  const auto second = make();  // and their blocks come back
+  EXPECT_EQ(first.first, second.first);
+  EXPECT_EQ(first.second, second.second);
+}
+
+}  // namespace
+}  // namespace terra::runtime
