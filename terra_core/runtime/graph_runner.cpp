@@ -12,6 +12,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/forward_grad.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,26 +34,34 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   return out;
 }
 
-// Whether autograd has anything to do for an op on these arguments: record a node (grad mode on
-// and an input requires grad) or propagate a forward-mode gradient (a dual tensor, whatever the
-// grad mode). A tensor without autograd metadata has neither.
+// A counter only the GraphRunner writes: a plain store, no locked read-modify-write per op.
+void count(std::atomic<uint64_t>& counter) {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+// Whether autograd has anything to do for an op: record a node (grad mode on and an input
+// requires grad), or forward-mode AD, which only exists inside a dual level
+// (torch.autograd.forward_ad.dual_level) and whose ops may create tangents from tensors without
+// any (`_make_dual`): inside one, every op takes the autograd route (one global lookup per op
+// that would otherwise run below it).
 bool needs_autograd(const torch::jit::Stack& args, bool grad_mode) {
-  auto needs = [grad_mode](const at::Tensor& t) {
-    if (!t.defined() || !t.unsafeGetTensorImpl()->autograd_meta()) return false;
-    return (grad_mode && t.requires_grad()) || t._fw_grad(/*level=*/0).defined();
+  auto records = [](const at::Tensor& t) {
+    return t.defined() && t.unsafeGetTensorImpl()->autograd_meta() && t.requires_grad();
   };
-  for (const c10::IValue& v : args) {
-    if (v.isTensor()) {
-      if (needs(v.toTensor())) return true;
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList())
-        if (needs(t)) return true;
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toList())
-        if (e.isTensor() && needs(e.toTensor())) return true;
+  if (grad_mode) {
+    for (const c10::IValue& v : args) {
+      if (v.isTensor()) {
+        if (records(v.toTensor())) return true;
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList())
+          if (records(t)) return true;
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toList())
+          if (e.isTensor() && records(e.toTensor())) return true;
+      }
     }
   }
-  return false;
+  return torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr;
 }
 
 }  // namespace
@@ -284,10 +293,10 @@ void GraphRunner::execute(WorkItem& item) {
       stack.reserve(item.args.size());
       for (const c10::IValue& v : item.args) stack.push_back(resolve_placeholders(v));
       if (needs_autograd(stack, item.grad_mode)) {
-        ops_autograd_.fetch_add(1, std::memory_order_relaxed);
+        count(ops_autograd_);
         item.op->callBoxed(&stack);
       } else {
-        ops_below_autograd_.fetch_add(1, std::memory_order_relaxed);
+        count(ops_below_autograd_);
         // Nothing for autograd to record (an optimizer update under no_grad, a metric, data
         // preparation): the kernel below it, as autograd would call it. ADInplaceOrView stays, so
         // version counters and view metadata are eager's.

@@ -503,3 +503,25 @@ def test_ops_without_autograd_work_run_below_autograd_and_match_eager():
     below = after["ops_below_autograd"] - before["ops_below_autograd"]
     through = after["ops_autograd"] - before["ops_autograd"]
     assert below > 0 and through > 0, (below, through)
+
+
+def forward_mode_tangents(steps):
+    # Dual tensors (forward-mode AD) on inputs that do not require grad: autograd has work for
+    # every op (the tangents), so none of them may run below it.
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(0)
+    w, x = torch.randn(4, 4), torch.randn(4)
+    out = []
+    for step in range(steps):
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x * (step + 1), torch.ones(4))
+            y = torch.tanh(w @ dual) * 2
+            out.append(fwAD.unpack_dual(y).tangent.clone())
+    return out
+
+
+def test_forward_mode_tangents_match_eager():
+    eager = forward_mode_tangents(12)
+    ours = terra.run(forward_mode_tangents, 12)
+    assert all(t is not None for t in ours)
+    assert all(torch.equal(a, b) for a, b in zip(eager, ours))

@@ -18,12 +18,15 @@ session is open (and restored exactly afterwards):
 - `threading.Thread.start`: other threads are not intercepted, so the iteration leaves
   co-execution (every placeholder becomes real) before one starts;
 - `torch.clear_autocast_cache` (torch.autocast's exit): the GraphRunner's autocast weight cache
-  is its own, cleared in issue order too.
+  is its own, cleared in issue order too;
+- forward-mode AD's dual levels (`torch.autograd.forward_ad.dual_level`): leaving one deletes
+  every tangent made in it, so entering and leaving wait for the GraphRunner first.
 """
 import functools
 import threading
 
 import torch
+import torch._functorch.predispatch as _predispatch
 import torch.autograd as _autograd
 import torch.backends
 
@@ -167,6 +170,8 @@ def install():
         _set(torch._C, name, _synced(getattr(torch._C, name)))
     # `torch.backends.mkldnn.enabled = False` and its kin: properties that hold the setter itself
     _set(torch.backends.ContextProp, "__set__", _synced(torch.backends.ContextProp.__set__))
+    for name in ("_enter_dual_level", "_exit_dual_level"):  # looked up at each call
+        _set(_predispatch, name, _synced(getattr(_predispatch, name)))
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))
