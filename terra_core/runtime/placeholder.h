@@ -18,6 +18,8 @@
 #include <memory>
 #include <vector>
 
+#include "block_pool.h"
+
 namespace terra::runtime {
 
 // Where the GraphRunner puts the value of one op output. Written once by the GraphRunner thread
@@ -25,37 +27,6 @@ namespace terra::runtime {
 // after waiting for that counter.
 // Groups of tensors that share storage (a placeholder and the views made from it). An in-place op
 // on any member records its sequence number here, so a fetch waits for the last writer too.
-// Blocks of one size kept for reuse on the thread that freed them (at most kPoolBlocks each), so a
-// co-executed op's placeholder and slot cost no malloc in steady state: every op makes one of each
-// and the previous iteration's died. A block freed on another thread joins that thread's list.
-void* pool_allocate(size_t size);
-void pool_free(void* block, size_t size);
-constexpr size_t kPoolBlocks = 4096;
-
-// std::allocator-like: allocate_shared<Slot>(PoolAllocator<Slot>()) puts the slot and its
-// control block in one pooled block.
-template <typename T>
-struct PoolAllocator {
-  using value_type = T;
-  PoolAllocator() = default;
-  template <typename U>
-  PoolAllocator(const PoolAllocator<U>&) {}
-  T* allocate(size_t n) {
-    return n == 1 ? static_cast<T*>(pool_allocate(sizeof(T))) : std::allocator<T>().allocate(n);
-  }
-  void deallocate(T* p, size_t n) {
-    if (n == 1) {
-      pool_free(p, sizeof(T));
-    } else {
-      std::allocator<T>().deallocate(p, n);
-    }
-  }
-  template <typename U>
-  bool operator==(const PoolAllocator<U>&) const { return true; }
-  template <typename U>
-  bool operator!=(const PoolAllocator<U>&) const { return false; }
-};
-
 struct AliasGroup {
   uint64_t last_write = 0;
 };

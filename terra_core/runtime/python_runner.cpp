@@ -214,9 +214,9 @@ void PythonRunner::barrier(const std::string& reason, const std::string& what) {
 void PythonRunner::mark(uint64_t boundary) {
   if (mode_ == Mode::Off) return;
   // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
-  // boundary again costs a comparison. Iterations run eagerly for speed issue ops nobody sees,
-  // and each is timed (payoff.h).
-  if (boundary == boundary_ && cur_ == root_node_ && !chosen_eager_) return;
+  // boundary again costs a comparison. An eager iteration's ops are not followed (`cur_` stays at
+  // the root), so eager iterations are cut at every mark: counted, and timed (payoff.h).
+  if (boundary == boundary_ && cur_ == root_node_ && mode_ != Mode::Eager) return;
   end_iteration();
   begin_iteration(boundary);
 }

@@ -18,9 +18,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "block_pool.h"
 
 namespace terra::runtime {
 
@@ -61,7 +64,10 @@ class RunnerAllocator final : public c10::Allocator {
   std::unordered_map<size_t, std::vector<void*>> free_;  // by rounded size
   // Blocks handed out, with their rounded sizes. Data and context are the same pointer (oneDNN
   // allocates through raw_allocate, which requires it), so the size is kept here.
-  std::unordered_map<void*, size_t> live_;
+  // The map's nodes come from a block pool: recording a block costs no malloc in steady state.
+  std::unordered_map<void*, size_t, std::hash<void*>, std::equal_to<void*>,
+                     PoolAllocator<std::pair<void* const, size_t>>>
+      live_;
   size_t cached_bytes_ = 0;
   bool active_ = true;
   Stats stats_;

@@ -1,3 +1,4 @@
+#include "block_pool.h"
 #include "placeholder.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +8,7 @@
 namespace terra::runtime {
 namespace {
 
-TEST(PlaceholderPool, AFreedBlockIsReusedOnTheSameThread) {
+TEST(BlockPool, AFreedBlockIsReusedOnTheSameThread) {
   void* a = pool_allocate(96);
   pool_free(a, 96);
   EXPECT_EQ(pool_allocate(96), a);
@@ -17,7 +18,7 @@ TEST(PlaceholderPool, AFreedBlockIsReusedOnTheSameThread) {
   pool_free(a, 96);
 }
 
-TEST(PlaceholderPool, BlocksFreedOnAnotherThreadServeThatThread) {
+TEST(BlockPool, BlocksFreedOnAnotherThreadServeThatThread) {
   void* a = pool_allocate(112);
   void* reused = nullptr;
   std::thread t([&] {
@@ -29,7 +30,7 @@ TEST(PlaceholderPool, BlocksFreedOnAnotherThreadServeThatThread) {
   pool_free(reused, 112);
 }
 
-TEST(PlaceholderPool, SlotsAndPlaceholdersComeFromThePool) {
+TEST(BlockPool, SlotsAndPlaceholdersComeFromThePool) {
   auto make = [] {
     auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
     TensorMeta meta;
