@@ -4,7 +4,7 @@
 // thread compete for one core whenever the GraphRunner runs a parallel region (MKL splits even a
 // 7x2x128 matmul over both threads) while Python runs, and the worker spins for milliseconds after
 // each region. Measured on corpus p01, a small MLP (whole program, fresh processes, medians):
-// 113 ms co-executed against 19.5 ms eager with 2 intra-op threads, 21.5 against 20.5 with 1
+// 74.1 ms co-executed against 16.5 ms eager with 2 intra-op threads, 13.1 against 16.4 with 1
 // (bench/results/contention.md).
 // The thread count cannot be lowered for the GraphRunner alone: MKL's sgemm results differ
 // between 1 and 2 threads for 98 of 1674 shapes there, so results would differ from eager's.
