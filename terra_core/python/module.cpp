@@ -185,6 +185,11 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "enabled") p.enabled = item.second.cast<bool>();
       else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
+      else if (key == "payoff_check_budget") {
+        const double budget = item.second.cast<double>();
+        if (!(budget > 0)) throw py::value_error("payoff_check_budget must be above 0");
+        p.payoff_check_budget = budget;
+      }
       else throw py::key_error("unknown Terra policy setting: " + key);
     }
     py::dict d;
@@ -194,6 +199,7 @@ PYBIND11_MODULE(_C, m) {
     d["enabled"] = p.enabled;
     d["adaptive"] = p.adaptive;
     d["payoff_margin"] = p.payoff_margin;
+    d["payoff_check_budget"] = p.payoff_check_budget;
     return d;
   });
   m.def("graphs", [] {

@@ -256,7 +256,8 @@ void PythonRunner::end_iteration() {
   if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
     // Clean: the whole iteration ran in one mode, and so did the one before it.
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_;
-    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin);
+    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
+                          policy_.payoff_check_budget);
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time

@@ -43,6 +43,9 @@ struct Policy {
   // default comes from TERRA_ADAPTIVE (0: off), so test suites can pin co-execution.
   bool adaptive = adaptive_default();
   double payoff_margin = 0.0;
+  // The faster mode is held long enough that re-timing the slower one costs at most this share
+  // of the time (terra::Payoff::hold_for).
+  double payoff_check_budget = 0.03;
   static bool adaptive_default();
 };
 

@@ -1,6 +1,7 @@
 #include "terra/payoff.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace terra {
@@ -38,7 +39,9 @@ void Payoff::start(Phase phase) {
 
 void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.add(seconds); }
 
-void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin) {
+void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
+                    double check_budget) {
+  check_budget_ = check_budget;
   Loop& l = loops_[loop];
   ++l.iterations;
   if (clean) (eager ? l.eager : l.coexec).add(seconds);
@@ -93,12 +96,23 @@ bool Payoff::clear_winner(double margin) {
   return false;
 }
 
+int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) {
+  if (!(fast > 0) || !(slow > fast)) return std::min(base, kMaxHold);
+  const double check = (kQuick + 1) * (slow - fast);  // the slower mode's extra time in a re-check
+  const double needed = std::ceil(check / (budget * fast));
+  return needed >= static_cast<double>(kMaxHold) ? kMaxHold
+                                                 : std::max(base, static_cast<int64_t>(needed));
+}
+
 void Payoff::decide(bool eager, const Totals& t) {
-  hold_ = checks_ > 0 && eager == choice_eager_ ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
-  hold_left_ = hold_;
-  choice_eager_ = eager;
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
+  const int64_t base =
+      checks_ > 0 && eager == choice_eager_ ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
+  hold_ = eager ? hold_for(base, eager_s_, coexec_s_, check_budget_)
+               : hold_for(base, coexec_s_, eager_s_, check_budget_);
+  hold_left_ = hold_;
+  choice_eager_ = eager;
   ++checks_;
   start(Phase::Hold);
 }

@@ -22,7 +22,8 @@ def adaptive():
     terra.reset()
     before = terra.config()
     yield
-    terra.config(adaptive=before["adaptive"], payoff_margin=before["payoff_margin"])
+    terra.config(adaptive=before["adaptive"], payoff_margin=before["payoff_margin"],
+                 payoff_check_budget=before["payoff_check_budget"])
     terra.reset()
 
 
@@ -57,6 +58,8 @@ def same_state(a, b):
 @pytest.mark.parametrize("optimizer,set_to_none", [("sgd", True), ("sgd", False), ("adam", True)])
 def test_eager_chosen_where_slower_and_results_stay_bitwise(optimizer, set_to_none):
     terra.config(adaptive=True, payoff_margin=-1.0)
+    # Re-check after the shortest hold, so the run switches back to co-execution and again to eager.
+    terra.config(payoff_check_budget=1e9)
     steps = 120
     expected = train(steps, optimizer, set_to_none)
     same_state(expected, terra.run(train, steps, optimizer, set_to_none))
@@ -82,6 +85,25 @@ def test_coexecution_kept_where_it_pays():
     # first check, and one re-check after holding co-execution for 32 iterations.
     assert 0 < s["iterations_eager_chosen"] <= 2 * (SAMPLES + 1), s
     assert s["iterations_coexecuted"] >= steps - 2 * (SAMPLES + 1) - 10, s
+
+
+def test_a_slower_mode_is_re_timed_rarely_by_default():
+    # Eager forced (margin -1) with a tiny budget: where co-execution measured slower, the hold
+    # after the first check is sized from the times (the longest, past 200 iterations); where it
+    # measured faster, re-timing it costs nothing and the shortest hold is kept.
+    terra.config(adaptive=True, payoff_margin=-1.0, payoff_check_budget=1e-6)
+    expected = train(200)
+    same_state(expected, terra.run(train, 200))
+    payoff = terra.stats("train")["payoff"]
+    if payoff["coexec_ms"] > payoff["eager_ms"]:
+        assert payoff["checks"] == 1 and payoff["next_check_in"] > 0, payoff
+    else:
+        assert payoff["checks"] > 1, payoff
+
+
+def test_check_budget_must_be_positive():
+    with pytest.raises(ValueError, match="payoff_check_budget"):
+        terra.config(payoff_check_budget=0)
 
 
 def test_switched_off_it_never_runs_eagerly_for_speed():

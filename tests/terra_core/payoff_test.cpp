@@ -66,13 +66,15 @@ TEST(Payoff, AClearWinnerEndsAPhaseEarly) {
   EXPECT_TRUE(p.choice_eager());
   EXPECT_TRUE(p.eager());
   // While holding, everything runs eagerly; the re-check times co-execution again, briefly.
-  const int n = static_cast<int>(Payoff::kFirstHold);
+  const int64_t hold = Payoff::hold_for(Payoff::kFirstHold, 1.0, 3.0);
+  ASSERT_EQ(p.hold_left(), hold);
+  const int n = static_cast<int>(hold);
   EXPECT_EQ(d.run(n, 3.0, 1.0), n);
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
   EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);
   EXPECT_EQ(p.checks(), 2u);
   EXPECT_TRUE(p.choice_eager());
-  EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * Payoff::kFirstHold);  // a confirmed choice is held longer
+  EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * hold);  // a confirmed choice is held longer
 }
 
 TEST(Payoff, TracedIterationsShowCoExecutionSlowerBeforeEagerIsTimed) {
@@ -104,7 +106,28 @@ TEST(Payoff, FollowsAChangeInWhichModeIsFaster) {
   until_check(d, 0.5, 1.0);
   EXPECT_EQ(p.checks(), 2u);
   EXPECT_FALSE(p.choice_eager());
-  EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);  // a flipped choice starts over
+  // A flipped choice starts over, from the times just measured.
+  EXPECT_EQ(p.hold_left(), Payoff::hold_for(Payoff::kFirstHold, 0.5, 1.0));
+}
+
+TEST(Payoff, AHoldIsLongEnoughThatItsReCheckCostsLittle) {
+  // Close times: the first hold. 3x slower: a re-check (the slower mode's kQuick clean
+  // iterations and the switch) costs 8 s, which is kCheckBudget of 267 one-second iterations.
+  EXPECT_EQ(Payoff::hold_for(Payoff::kFirstHold, 1.0, 1.1), Payoff::kFirstHold);
+  EXPECT_EQ(Payoff::hold_for(Payoff::kFirstHold, 1.0, 3.0), 267);
+  EXPECT_EQ(Payoff::hold_for(Payoff::kFirstHold, 1.0, 100.0), Payoff::kMaxHold);
+  EXPECT_EQ(Payoff::hold_for(Payoff::kFirstHold, 0.0, 0.0), Payoff::kFirstHold);  // nothing timed
+  // The re-check's share of the time, over its hold, stays within the budget.
+  for (double slow : {1.5, 2.0, 4.5, 10.0}) {
+    const int64_t hold = Payoff::hold_for(Payoff::kFirstHold, 1.0, slow);
+    const double check = (Payoff::kQuick + 1) * (slow - 1.0);
+    EXPECT_LE(check / static_cast<double>(hold), Payoff::kCheckBudget + 1e-12) << slow;
+  }
+  // End to end: co-execution 4.5x slower is re-checked only after hundreds of eager iterations.
+  Driver d;
+  until_check(d, 4.5, 1.0);
+  ASSERT_TRUE(d.p.choice_eager());
+  EXPECT_GE(until_check(d, 4.5, 1.0, 100000), 467);
 }
 
 TEST(Payoff, MarginFavoursCoExecution) {

@@ -22,7 +22,10 @@
 // time in co-executed timing phases. So a phase ends after kQuick clean iterations when the
 // winner is already clear (by a factor kClear), and before eager execution was ever timed, traced
 // iterations stand in for it: tracing runs every op eagerly and records it, so it is never faster
-// than eager execution, and co-execution slower than tracing is slower than eager.
+// than eager execution, and co-execution slower than tracing is slower than eager. And a hold
+// lasts long enough that its re-check (kQuick clean iterations of the slower mode and one paying
+// for the switch, at the last check's times) costs at most kCheckBudget of the hold's time: after
+// co-execution measured 4.5x slower, that is 500 iterations, not 32.
 //
 // Plain C++ on plain numbers: the runtime feeds it iteration times and asks which mode is next.
 #pragma once
@@ -42,13 +45,19 @@ class Payoff {
   static constexpr int64_t kFirstHold = 32;   // iterations a new choice runs before a re-check
   static constexpr int64_t kHoldGrowth = 4;   // each confirming check holds this much longer
   static constexpr int64_t kMaxHold = 8192;
+  static constexpr double kCheckBudget = 0.03;  // default: a re-check's cost, as a share of its hold
+  // Iterations to hold the faster mode (per-iteration times `fast` and `slow`) so that a re-check
+  // costs at most `budget` of the hold's time; at least `base`, at most kMaxHold.
+  static int64_t hold_for(int64_t base, double fast, double slow, double budget = kCheckBudget);
   enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Hold };
 
   // Whether the graph's next iteration should run eagerly.
   bool eager() const { return phase_ == Phase::MeasureEager || (phase_ == Phase::Hold && choice_eager_); }
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
-  // mode and the iteration before it ran in the same mode.
-  void record(uint64_t loop, bool eager, bool clean, double seconds, double margin);
+  // mode and the iteration before it ran in the same mode. `margin`: co-execution is kept while
+  // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
+  void record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
+              double check_budget = kCheckBudget);
   // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
   void record_traced(uint64_t loop, double seconds);
 
@@ -85,6 +94,7 @@ class Payoff {
   void start(Phase phase);
   bool clear_winner(double margin);  // decides early if one mode is clearly faster
   void decide(bool eager, const Totals& t);
+  double check_budget_ = kCheckBudget;  // of the record() call deciding
 
   std::unordered_map<uint64_t, Loop> loops_;
   Phase phase_ = Phase::MeasureCoExec;

@@ -280,6 +280,7 @@ def reset(name=None):
 def config(**settings):
     """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled, adaptive (time
     co-execution against eager execution and run the faster; TERRA_ADAPTIVE=0 turns it off by
-    default) and payoff_margin (co-execution is kept while it takes at most 1 + margin times
-    eager's time)."""
+    default), payoff_margin (co-execution is kept while it takes at most 1 + margin times
+    eager's time) and payoff_check_budget (the faster mode is held long enough that re-timing
+    the slower one costs at most this share of the time; default 0.03)."""
     return _c().policy(**settings)
