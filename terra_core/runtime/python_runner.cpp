@@ -304,7 +304,15 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   }
   // A switch the payoff check asked for moves the OpenMP team at once, rate limit or not: eager
   // iterations timed while the GraphRunner still held a team would be timed with two teams.
-  if (mode_ == Mode::CoExec && want != Mode::CoExec) catch_up(/*move_team=*/chosen_eager_);
+  // Entering an eager hold from a traced iteration (co-execution was left earlier, the team then
+  // held back by the rate limit) moves it too: otherwise the hold's eager ops ran with two teams,
+  // every parallel region a futex hand-off (corpus p03: 0.6-1.6 ms per eager step against 0.56).
+  // A hold has no co-executed iterations, so this cannot thrash.
+  if (mode_ == Mode::CoExec && want != Mode::CoExec) {
+    catch_up(/*move_team=*/chosen_eager_);
+  } else if (chosen_eager_ && runner_ && runner_team_) {
+    take_team_back(/*always=*/true);
+  }
   // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them
   // (at most once per kTeamMoveNs); the GraphRunner's goes when the program runs ops itself again
   // (take_team_back).
