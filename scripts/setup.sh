@@ -30,7 +30,7 @@ if [ ! -x "$venv/bin/python" ]; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"
 fi
 stamp="$venv/.terra-requirements"
-want="$(cat requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements.txt constraints.txt bench/requirements-hf.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt

@@ -11,4 +11,8 @@ PROGRAMS = [
     "detector_numpy_nms",
     "rnn_lengths",
     "rl_cartpole",
+    # third-party model code (Hugging Face transformers from configs; installed on first use)
+    "hf_gpt2",
+    "hf_llama",
+    "hf_bert",
 ]

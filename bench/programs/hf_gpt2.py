@@ -1,0 +1,50 @@
+"""Hugging Face GPT-2 (transformers' GPT2LMHeadModel from a config, random weights: 2 layers,
+d=64, 4 heads, context 32, vocab 512, dropout 0.1 as configured), trained as a language model
+with AdamW on a token stream; the loss comes from the model (labels=), logged with .item() every
+10 steps. Third-party model code: nothing in it was written for Terra."""
+import torch
+
+from bench.programs import _common, _hf
+
+NAME = "hf_gpt2"
+DESCRIPTION = "transformers GPT-2 2x64d ctx32 from config, AdamW, loss from labels=, .item() every 10"
+VOCAB, CTX, BATCH = 512, 32, 8
+
+
+def make(seed=0):
+    transformers = _hf.quiet(_hf.ensure_installed())
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=CTX, n_embd=64, n_layer=2,
+                                     n_head=4)
+    model = transformers.GPT2LMHeadModel(config)
+    model.train()
+    stream = torch.cumsum(torch.randint(-3, 4, (8192,)), 0) % VOCAB
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    state = {"model": model, "opt": opt, "stream": stream, "i": 0, "log": []}
+    return _common.register(state, {"model": model}, {"opt": opt})
+
+
+def step(state):
+    i = state["i"]
+    state["i"] = i + 1
+    starts = torch.randint(0, state["stream"].shape[0] - CTX, (BATCH,))
+    x = state["stream"][starts[:, None] + torch.arange(CTX)[None, :]]
+    loss = state["model"](input_ids=x, labels=x).loss
+    state["opt"].zero_grad()
+    loss.backward()
+    state["opt"].step()
+    if i % 10 == 0:
+        state["log"].append(loss.item())
+    return loss
+
+
+def train(state, steps):
+    for _ in range(steps):
+        step(state)
+
+
+final_state = _common.final_state
+
+
+def jit_targets(state):
+    return {"model": (torch.randint(0, VOCAB, (BATCH, CTX)),)}
