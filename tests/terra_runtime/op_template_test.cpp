@@ -1,0 +1,125 @@
+// OpTemplate on real ATen operators: how a traced call classifies its arguments, and which later
+// calls validate against it (op_template.h). Until now only the Python suites exercised this.
+#include "op_template.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+
+namespace terra::runtime {
+namespace {
+
+c10::OperatorHandle op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// Records the call `args` to `o` as traced (outputs from actually running it) and returns it.
+OpTemplate traced(const c10::OperatorHandle& o, torch::jit::Stack args) {
+  OpTemplate t = OpTemplate::record(OpKind::Aten, &o, c10::toString(o.operator_name()), args);
+  o.callBoxed(&args);
+  t.record_outputs(args);
+  return t;
+}
+
+TEST(OpTemplate, TensorsAreValidatedByMetadataNotValues) {
+  const auto add = op("aten::add", "Tensor");
+  const OpTemplate t = traced(add, {at::ones({2, 3}), at::ones({2, 3}), 1.0});
+  ASSERT_EQ(t.args.size(), 3u);
+  EXPECT_EQ(t.args[0].kind, ArgSpec::Kind::Tensor);
+  EXPECT_EQ(t.args[2].kind, ArgSpec::Kind::Feed);  // alpha: a Python number
+  EXPECT_EQ(t.mode, ExecMode::Graph);
+  ASSERT_EQ(t.outs.size(), 1u);
+  EXPECT_EQ(t.outs[0].meta.sizes, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t.outs[0].alias_arg, -1);
+
+  std::string why;
+  EXPECT_TRUE(t.matches({at::randn({2, 3}), at::zeros({2, 3}), 1.0}, &why)) << why;
+  EXPECT_TRUE(t.matches({at::ones({2, 3}), at::ones({2, 3}), 0.5}, &why)) << why;  // a new alpha
+  EXPECT_FALSE(t.matches({at::ones({3, 2}), at::ones({2, 3}), 1.0}, &why));
+  EXPECT_NE(why.find("argument 0"), std::string::npos) << why;
+  EXPECT_FALSE(t.matches({at::ones({2, 3}, at::kDouble), at::ones({2, 3}), 1.0}, nullptr));
+  EXPECT_FALSE(t.matches({at::ones({2, 3}).t().contiguous().t(), at::ones({2, 3}), 1.0}, nullptr))
+      << "other strides";
+  EXPECT_FALSE(t.matches({at::ones({2, 3}).requires_grad_(), at::ones({2, 3}), 1.0}, nullptr));
+  EXPECT_FALSE(t.matches({at::ones({2, 3}), at::ones({2, 3}), int64_t{1}}, &why))
+      << "a float feed that became an int";
+  EXPECT_NE(why.find("number type"), std::string::npos) << why;
+}
+
+TEST(OpTemplate, StructuralConstantsMustBeEqual) {
+  const auto sum = op("aten::sum", "dim_IntList");
+  const OpTemplate t =
+      traced(sum, {at::ones({4, 5}), std::vector<int64_t>{1}, false, c10::IValue()});
+  EXPECT_EQ(t.args[1].kind, ArgSpec::Kind::Constant);
+  EXPECT_EQ(t.args[2].kind, ArgSpec::Kind::Constant);
+  std::string why;
+  EXPECT_TRUE(t.matches({at::zeros({4, 5}), std::vector<int64_t>{1}, false, c10::IValue()}, &why)) << why;
+  EXPECT_FALSE(t.matches({at::zeros({4, 5}), std::vector<int64_t>{0}, false, c10::IValue()}, &why));
+  EXPECT_NE(why.find("argument 1"), std::string::npos) << why;
+  EXPECT_FALSE(t.matches({at::zeros({4, 5}), std::vector<int64_t>{1}, true, c10::IValue()}, nullptr))
+      << "keepdim changes the output's shape";
+}
+
+TEST(OpTemplate, WrappedNumbersAreFeeds) {
+  // `x * 0.5` reaches ATen as mul.Tensor with a wrapped 0-d tensor: its value may change.
+  const auto mul = op("aten::mul", "Tensor");
+  auto wrapped = [](double v) {
+    at::Tensor s = at::scalar_tensor(v, at::kDouble);
+    s.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return s;
+  };
+  const OpTemplate t = traced(mul, {at::ones({3}), wrapped(0.5)});
+  ASSERT_EQ(t.args[1].wrapped.size(), 1u);
+  EXPECT_TRUE(t.args[1].wrapped[0]);
+  std::string why;
+  EXPECT_TRUE(t.matches({at::ones({3}), wrapped(0.25)}, &why)) << why;
+  // A real 0-d tensor is not a Python number: not the traced call.
+  EXPECT_FALSE(t.matches({at::ones({3}), at::scalar_tensor(0.25, at::kDouble)}, nullptr));
+}
+
+TEST(OpTemplate, InPlaceOpsReturnTheirArgument) {
+  const auto add_ = op("aten::add_", "Tensor");
+  const OpTemplate t = traced(add_, {at::ones({2}), at::ones({2}), 1.0});
+  EXPECT_TRUE(t.mutates_input);
+  ASSERT_EQ(t.outs.size(), 1u);
+  EXPECT_EQ(t.outs[0].alias_arg, 0);
+  EXPECT_FALSE(t.noop_alias);  // it writes: it must be issued
+  // A view shares its input's storage.
+  const OpTemplate v = traced(op("aten::view", ""), {at::ones({2, 3}), std::vector<int64_t>{6}});
+  ASSERT_EQ(v.outs.size(), 1u);
+  EXPECT_TRUE(v.outs[0].view);
+  EXPECT_EQ(v.outs[0].alias_arg, -1);
+}
+
+TEST(OpTemplate, ExecutionModesFollowTheSchemaAndTags) {
+  // No tensor input, no randomness: run at once in the program's thread.
+  const OpTemplate zeros = traced(op("aten::zeros", ""),
+                                  {std::vector<int64_t>{2}, c10::IValue(), c10::IValue(),
+                                   c10::IValue(), c10::IValue()});
+  EXPECT_EQ(zeros.mode, ExecMode::PythonNow);
+  // Random: stays in the GraphRunner's issue order, so the generator is consumed as eagerly.
+  const OpTemplate rand = traced(op("aten::rand", ""),
+                                 {std::vector<int64_t>{2}, c10::IValue(), c10::IValue(),
+                                  c10::IValue(), c10::IValue()});
+  EXPECT_TRUE(rand.random);
+  EXPECT_EQ(rand.mode, ExecMode::Graph);
+  // A data-dependent output shape: the program needs the value now.
+  const OpTemplate nonzero = traced(op("aten::nonzero", ""), {at::ones({3})});
+  EXPECT_EQ(nonzero.mode, ExecMode::Fetch);
+  // A Python value returned (a Scalar): fetched.
+  const OpTemplate item = traced(op("aten::_local_scalar_dense", ""), {at::ones({})});
+  EXPECT_EQ(item.mode, ExecMode::Fetch);
+}
+
+TEST(OpTemplate, GradModeIsPartOfTheCall) {
+  const auto add = op("aten::add", "Tensor");
+  const OpTemplate t = traced(add, {at::ones({2}), at::ones({2}), 1.0});
+  c10::AutoGradMode off(false);
+  std::string why;
+  EXPECT_FALSE(t.matches({at::ones({2}), at::ones({2}), 1.0}, &why));
+  EXPECT_NE(why.find("grad mode"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace terra::runtime
