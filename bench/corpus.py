@@ -24,6 +24,7 @@ alone:
 
     .venv/bin/python bench/corpus.py [--rounds 3] [program-name-substring ...]
     TERRA_ADAPTIVE=0 .venv/bin/python bench/corpus.py --name corpus_cpu_coexec
+    .venv/bin/python bench/corpus.py --threads 1 --name corpus_cpu_1thread  # no OpenMP contention
 """
 import argparse
 import builtins
@@ -104,9 +105,9 @@ def run_terra(main):
             eager / max(1, len(its)))
 
 
-def eager_child(name, loop):
+def eager_child(name, loop, threads):
     """In a fresh process: one untimed eager run, then the timed one; prints it as JSON."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     main = corpus.load(name).main
     target = terra._instrument(main) or main
     run_eager(target, loop)
@@ -114,7 +115,8 @@ def eager_child(name, loop):
 
 
 def run_eager_fresh(name, loop):
-    out = subprocess.run([sys.executable, __file__, "--eager-child", name, str(loop)],
+    out = subprocess.run([sys.executable, __file__, "--eager-child", name, str(loop),
+                          "--threads", str(torch.get_num_threads())],
                          check=True, capture_output=True, text=True).stdout
     wall, step = json.loads(out.strip().splitlines()[-1])
     return wall, tuple(step) if step else None
@@ -202,12 +204,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("only", nargs="*", help="substrings of program names to run")
     parser.add_argument("--name", default="corpus_cpu", help="results file name under bench/results")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="intra-op threads (torch.set_num_threads) on both sides (default 2)")
     parser.add_argument("--eager-child", nargs=2, metavar=("NAME", "LOOP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.eager_child:
-        eager_child(args.eager_child[0], int(args.eager_child[1]))
+        eager_child(args.eager_child[0], int(args.eager_child[1]), args.threads)
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     names = [n for n in corpus.PROGRAMS if not args.only or any(s in n for s in args.only)]
     rows = []
     for name in names:
