@@ -115,6 +115,11 @@ class PythonRunner {
   void begin_iteration(uint64_t boundary);
   // The mode a stable iteration runs in: co-executed, or eagerly where that measured faster.
   Mode stable_mode();
+  // A co-executed iteration's time as the payoff check sees it: up to the GraphRunner's finishing
+  // the previous iteration (waits for that); `span_seconds` where no co-executed one preceded.
+  double coexec_seconds(double span_seconds);
+  uint64_t completed_seq_ = 0;  // issued at the end of the previous co-executed iteration
+  int64_t completed_ns_ = 0;    // when that iteration's predecessor had been run (0: none)
   bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
   Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
   Mode previous_mode_ = Mode::Off;   // the mode the previous iteration ended in
