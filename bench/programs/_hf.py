@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from bench.programs import _common
+
 REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-hf.txt"
 
 
@@ -25,3 +29,35 @@ def ensure_installed():
 def quiet(transformers):
     transformers.logging.set_verbosity_error()
     return transformers
+
+
+def update(state, loss, clip=False):
+    """The training step's tail shared by the hf_* programs: backward, optional gradient
+    clipping, AdamW, and the loss logged with .item() every 10 steps."""
+    state["opt"].zero_grad()
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(state["model"].parameters(), 1.0)
+    state["opt"].step()
+    if state["i"] % 10 == 0:
+        state["log"].append(loss.item())
+    state["i"] += 1
+    return loss
+
+
+def lm_state(model, vocab):
+    """State of a causal language model trained on a token stream (a random walk over the
+    vocabulary) with AdamW; registered for final_state."""
+    model.train()
+    stream = torch.cumsum(torch.randint(-3, 4, (8192,)), 0) % vocab
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    state = {"model": model, "opt": opt, "stream": stream, "i": 0, "log": []}
+    return _common.register(state, {"model": model}, {"opt": opt})
+
+
+def lm_step(state, ctx, batch, clip=False):
+    """One language-model step: a batch of `ctx`-token windows of the stream, the loss from the
+    model itself (labels=)."""
+    starts = torch.randint(0, state["stream"].shape[0] - ctx, (batch,))
+    x = state["stream"][starts[:, None] + torch.arange(ctx)[None, :]]
+    return update(state, state["model"](input_ids=x, labels=x).loss, clip)

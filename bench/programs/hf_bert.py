@@ -34,16 +34,8 @@ def batch():
 
 
 def step(state):
-    i = state["i"]
-    state["i"] = i + 1
     ids, mask, labels = batch()
-    loss = state["model"](input_ids=ids, attention_mask=mask, labels=labels).loss
-    state["opt"].zero_grad()
-    loss.backward()
-    state["opt"].step()
-    if i % 10 == 0:
-        state["log"].append(loss.item())
-    return loss
+    return _hf.update(state, state["model"](input_ids=ids, attention_mask=mask, labels=labels).loss)
 
 
 def train(state, steps):

@@ -18,26 +18,11 @@ def make(seed=0):
                                       num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=CTX)
     model = transformers.LlamaForCausalLM(config)
-    model.train()
-    stream = torch.cumsum(torch.randint(-3, 4, (8192,)), 0) % VOCAB
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-    state = {"model": model, "opt": opt, "stream": stream, "i": 0, "log": []}
-    return _common.register(state, {"model": model}, {"opt": opt})
+    return _hf.lm_state(model, VOCAB)
 
 
 def step(state):
-    i = state["i"]
-    state["i"] = i + 1
-    starts = torch.randint(0, state["stream"].shape[0] - CTX, (BATCH,))
-    x = state["stream"][starts[:, None] + torch.arange(CTX)[None, :]]
-    loss = state["model"](input_ids=x, labels=x).loss
-    state["opt"].zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(state["model"].parameters(), 1.0)
-    state["opt"].step()
-    if i % 10 == 0:
-        state["log"].append(loss.item())
-    return loss
+    return _hf.lm_step(state, CTX, BATCH, clip=True)
 
 
 def train(state, steps):

@@ -41,7 +41,6 @@ void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.
 
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
                     double check_budget) {
-  check_budget_ = check_budget;
   Loop& l = loops_[loop];
   ++l.iterations;
   if (clean) (eager ? l.eager : l.coexec).add(seconds);
@@ -51,7 +50,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   }
   ++iterations_;
   if (clean && eager == (phase_ == Phase::MeasureEager)) ++samples_;
-  if (samples_ >= kQuick && clear_winner(margin)) return;
+  if (samples_ >= kQuick && clear_winner(margin, check_budget)) return;
   // A loop that never yields clean iterations (each one diverges, say) is checked anyway.
   if (samples_ < kSamples && iterations_ < 4 * kSamples) return;
   if (phase_ == Phase::MeasureCoExec && !measured_eager_) {
@@ -61,7 +60,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   measured_eager_ = measured_eager_ || phase_ == Phase::MeasureEager;
   const Totals t = totals(false);
   // No loop was timed both ways: keep co-executing (it is what the program asked for).
-  decide(t.weight > 0 && t.coexec > t.eager * (1.0 + margin), t);
+  decide(t.weight > 0 && t.coexec > t.eager * (1.0 + margin), t, check_budget);
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {
@@ -77,20 +76,20 @@ Payoff::Totals Payoff::totals(bool traced_for_eager) const {
   return t;
 }
 
-bool Payoff::clear_winner(double margin) {
+bool Payoff::clear_winner(double margin, double check_budget) {
   const bool eager_known = measured_eager_ || phase_ == Phase::MeasureEager;
   const Totals t = totals(!eager_known);
   if (t.weight == 0) return false;
   const double limit = t.eager * (1.0 + margin);
   if (t.coexec > limit * kClear) {
     measured_eager_ = eager_known;
-    decide(true, t);
+    decide(true, t, check_budget);
     return true;
   }
   // Traced times only bound eager's from above: they can show co-execution slower, never faster.
   if (eager_known && t.coexec * kClear < limit) {
     measured_eager_ = true;
-    decide(false, t);
+    decide(false, t, check_budget);
     return true;
   }
   return false;
@@ -104,13 +103,13 @@ int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) 
                                                  : std::max(base, static_cast<int64_t>(needed));
 }
 
-void Payoff::decide(bool eager, const Totals& t) {
+void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
   const int64_t base =
       checks_ > 0 && eager == choice_eager_ ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
-  hold_ = eager ? hold_for(base, eager_s_, coexec_s_, check_budget_)
-               : hold_for(base, coexec_s_, eager_s_, check_budget_);
+  hold_ = eager ? hold_for(base, eager_s_, coexec_s_, check_budget)
+               : hold_for(base, coexec_s_, eager_s_, check_budget);
   hold_left_ = hold_;
   choice_eager_ = eager;
   ++checks_;

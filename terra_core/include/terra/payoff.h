@@ -92,9 +92,8 @@ class Payoff {
   // `traced_for_eager`: loops not yet timed eagerly use their traced times instead.
   Totals totals(bool traced_for_eager) const;
   void start(Phase phase);
-  bool clear_winner(double margin);  // decides early if one mode is clearly faster
-  void decide(bool eager, const Totals& t);
-  double check_budget_ = kCheckBudget;  // of the record() call deciding
+  bool clear_winner(double margin, double check_budget);  // decides early if one mode is clearly faster
+  void decide(bool eager, const Totals& t, double check_budget);
 
   std::unordered_map<uint64_t, Loop> loops_;
   Phase phase_ = Phase::MeasureCoExec;
