@@ -144,8 +144,18 @@ PYBIND11_MODULE(_C, m) {
     auto& r = R().runner();
     d["ops_autograd"] = r.ops_autograd();
     d["ops_below_autograd"] = r.ops_below_autograd();
+    const auto c = r.replay_counts();
+    d["iterations_replayed"] = c.iterations;
+    d["items_replayed"] = c.items;
+    d["kernels_replayed"] = c.kernels;
+    d["blocks_recorded"] = c.recorded;
+    d["blocks_refused"] = c.refused;
+    d["last_refusal"] = c.last_refusal;
+    d["replays_left"] = c.left;
+    d["last_left"] = c.last_left;
     return d;
-  }, "ATen ops the GraphRunner executed through autograd and below it, since the process started.");
+  }, "ATen ops the GraphRunner executed through autograd and below it, and what block replay did "
+        "(iterations, items and kernels replayed, blocks recorded and refused), since the process started.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -184,6 +194,7 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "max_nodes") p.max_nodes = item.second.cast<size_t>();
       else if (key == "enabled") p.enabled = item.second.cast<bool>();
       else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
+      else if (key == "replay") p.replay = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
       else if (key == "payoff_check_budget") {
         const double budget = item.second.cast<double>();
@@ -198,6 +209,7 @@ PYBIND11_MODULE(_C, m) {
     d["max_nodes"] = p.max_nodes;
     d["enabled"] = p.enabled;
     d["adaptive"] = p.adaptive;
+    d["replay"] = p.replay;
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;
     return d;

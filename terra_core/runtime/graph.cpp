@@ -5,9 +5,15 @@
 #include "terra/case_assignment.h"
 #include "terra/location_key.h"
 
+#include <atomic>
 #include <map>
 
 namespace terra::runtime {
+
+uint64_t Graph::next_serial() {
+  static std::atomic<uint64_t> serial{0};
+  return ++serial;
+}
 
 namespace {
 
@@ -32,6 +38,7 @@ const char* kind_name(const OpTemplate& t) {
     case OpKind::GradWrite: return "grad_write";
     case OpKind::ReleaseTeam:  // runner control, never recorded
     case OpKind::ClearAutocastCache:
+    case OpKind::EndIteration:
     case OpKind::Aten: break;
   }
   switch (t.mode) {

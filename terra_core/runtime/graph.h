@@ -39,6 +39,9 @@ struct Node {
 
 struct Graph {
   std::string name;
+  // Unique in the process (a graph made after another was reset may reuse its address and name).
+  const uint64_t serial = next_serial();
+  static uint64_t next_serial();
   // A deque: nodes never move, so the GraphRunner can hold pointers into their templates while
   // the Python thread keeps adding nodes.
   std::deque<Node> nodes;

@@ -1,5 +1,6 @@
 #include "graph_runner.h"
 
+#include "block_replay.h"
 #include "op_template.h"
 #include "openmp_team.h"
 #include "runner_allocator.h"
@@ -16,7 +17,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
+#include <tuple>
 
 namespace terra::runtime {
 
@@ -70,6 +73,61 @@ void advance_sequence(uint64_t floor) {
   while (at::sequence_number::peek() < floor) at::sequence_number::get_and_increment();
 }
 
+void run_grad_read(WorkItem& item) {
+  at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
+  const at::Tensor& g = t.grad();
+  TORCH_CHECK(g.defined() == (item.outs.size() == 1 && item.outs[0] != nullptr),
+              "Terra: .grad presence differs from the recorded trace");
+  if (g.defined()) item.outs[0]->value = g;
+}
+
+void run_grad_write(const WorkItem& item) {
+  at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
+  const c10::IValue& v = item.args.at(1);
+  t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
+}
+
+void fill_output(WorkItem& item, size_t k, const at::Tensor& value) {
+  if (k >= item.outs.size() || !item.outs[k]) return;
+  // The placeholder handed out carries the traced metadata: a value that disagrees (an op whose
+  // output shape depends on data, not declared as such) must not go unnoticed.
+  TORCH_CHECK(!item.expect || (*item.expect)[k].meta.matches(value),
+              "Terra: the output of this op differs in shape/dtype from the traced one (",
+              (*item.expect)[k].meta.str(), " traced, ", TensorMeta::of(value).str(), " now)");
+  item.outs[k]->value = value;
+}
+
+// The blocks recorded so far and the iteration being recorded or replayed (GraphRunner thread).
+struct BlockStore {
+  struct Entry {
+    std::unique_ptr<Block> block;
+    int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
+    int misses = 0;    // consecutive iterations that left the block (then it is recorded again)
+  };
+  static constexpr int kMaxRefusals = 3;
+  static constexpr int kMaxMisses = 4;
+  static constexpr size_t kMaxEntries = 4096;
+  // By the iteration's first item: graph, node, kind.
+  std::map<std::tuple<uint64_t, uint32_t, int>, Entry> entries;
+  enum class State { PerOp, Recording, Replaying } state = State::PerOp;
+  uint64_t iteration = ~uint64_t{0};
+  Entry* entry = nullptr;
+  std::unique_ptr<BlockRecorder> recorder;
+  BlockReplayer replayer;
+  // Sequence numbers of the block's items known to follow it (replayed or looked ahead at), and
+  // the last sequence number looked ahead at.
+  std::vector<uint64_t> seqs;
+  uint64_t scanned = 0;
+  void abandon() {
+    seqs.clear();
+    scanned = 0;
+    recorder.reset();
+    replayer.finish();
+    state = State::PerOp;
+    entry = nullptr;
+  }
+};
+
 namespace {
 
 // Items pending before the Python thread wakes a sleeping GraphRunner: a wake-up (a futex call on
@@ -111,6 +169,8 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 }  // namespace
 
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity) {
+  blocks_ = std::make_unique<BlockStore>();
+  install_record_hook();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -153,6 +213,13 @@ void GraphRunner::reclaim() {
 void GraphRunner::wait_for(uint64_t seq, bool spin) {
   seq = std::min(seq, issued_);  // never wait for an item that was not issued
   if (done() >= seq) return;
+  // Seen by a GraphRunner that waits for more of a block to be issued (await_published): this
+  // thread issues nothing until the wait is over. seq_cst, before `sleeping_` is read.
+  waiter_.store(seq);
+  struct Clear {
+    std::atomic<uint64_t>& w;
+    ~Clear() { w.store(0); }
+  } clear{waiter_};
   if (sleeping_.load() != kAwake) wake();  // pending work below the batch size: start it now
   if (spin && spin_until([&] { return done() >= seq; }, kSpinNs)) return;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -187,6 +254,113 @@ bool GraphRunner::wait_for_work(uint64_t next) {
   }
   sleeping_.store(kAwake);
   return !stop_.load();
+}
+
+bool GraphRunner::await_published(uint64_t seq) {
+  auto ready = [&] { return published_.load() >= seq || python_blocked() || stop_.load(); };
+  if (!spin_until(ready, kIdleSpinNs)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    sleeping_.store(kAsleep);
+    work_cv_.wait(lock, ready);
+    sleeping_.store(kAwake);
+  }
+  return published_.load() >= seq && !stop_.load();
+}
+
+GraphRunner::ReplayCounts GraphRunner::replay_counts() const {
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  return counts_;
+}
+
+void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
+  BlockStore& b = *blocks_;
+  b.abandon();  // an iteration that ended without EndIteration (it diverged) is not a block
+  b.iteration = item.iteration;
+  if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
+  if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
+  BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind)}];
+  b.entry = &e;
+  if (e.block) {
+    b.replayer.start(*e.block);
+    b.state = BlockStore::State::Replaying;
+  } else if (e.refusals < BlockStore::kMaxRefusals) {
+    b.recorder = std::make_unique<BlockRecorder>(item.graph);
+    b.state = BlockStore::State::Recording;
+  }
+}
+
+bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
+  BlockStore& b = *blocks_;
+  auto leave = [&](const char* why) {
+    // The program left the block (or may have: it waits before the block's backward is
+    // issued): this item and the rest of the iteration take the autograd route.
+    {
+      std::lock_guard<std::mutex> lock(counts_mutex_);
+      ++counts_.left;
+      counts_.last_left = why;
+    }
+    if (b.entry && ++b.entry->misses >= BlockStore::kMaxMisses) {
+      b.entry->block.reset();
+      b.entry->misses = 0;
+    }
+    b.replayer.finish();
+    b.state = BlockStore::State::PerOp;
+    return false;
+  };
+  auto earlier = [&](uint32_t j) -> const WorkItem* {
+    return j < b.seqs.size() ? &ring_[(b.seqs[j] - 1) % ring_.size()] : nullptr;
+  };
+  const uint32_t index = b.replayer.next();
+  if (index < b.seqs.size() ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier))
+    return leave("item");
+  if (index == b.seqs.size()) b.seqs.push_back(seq);
+  const ItemPlan& p = b.replayer.block()->items[index];
+  if (p.autograd) {
+    // Replayed below autograd only once the backward that consumes its history is issued and
+    // everything up to it follows the block: the program cannot leave the block before that.
+    // Control items between the block's items are not part of it.
+    while (b.seqs.size() <= p.covered_by) {
+      const uint64_t s = std::max(b.scanned, seq) + 1;
+      if (!await_published(s)) return leave("blocked");
+      b.scanned = s;
+      const WorkItem& w = ring_[(s - 1) % ring_.size()];
+      if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
+      const auto j = static_cast<uint32_t>(b.seqs.size());
+      if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
+          !b.replayer.follows(j, w, earlier))
+        return leave("ahead");
+      b.seqs.push_back(s);
+    }
+  }
+  const uint64_t before = b.replayer.kernels();
+  b.replayer.run(item);
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  ++counts_.items;
+  counts_.kernels += b.replayer.kernels() - before;
+  return true;
+}
+
+void GraphRunner::end_iteration() {
+  BlockStore& b = *blocks_;
+  if (b.state == BlockStore::State::Recording && b.recorder && b.entry) {
+    std::unique_ptr<Block> block = b.recorder->finish();
+    std::lock_guard<std::mutex> lock(counts_mutex_);
+    if (block) {
+      b.entry->block = std::move(block);
+      ++counts_.recorded;
+    } else {
+      ++b.entry->refusals;
+      ++counts_.refused;
+      counts_.last_refusal = b.recorder->why();
+    }
+  } else if (b.state == BlockStore::State::Replaying && b.entry &&
+             b.replayer.next() == b.replayer.block()->items.size()) {
+    b.entry->misses = 0;
+    std::lock_guard<std::mutex> lock(counts_mutex_);
+    ++counts_.iterations;
+  }
+  b.abandon();
+  b.iteration = ~uint64_t{0};
 }
 
 void GraphRunner::loop() {
@@ -229,10 +403,11 @@ void GraphRunner::loop() {
         in_span = true;
       }
       try {
-        execute(item);
+        execute(item, next + 1);
       } catch (...) {
         error_ = {std::current_exception(), item.node};
         failed_.store(true, std::memory_order_release);
+        blocks_->abandon();  // a failed iteration is neither recorded nor replayed further
       }
       busy.end_ns = now_ns();
       ++span_ops;
@@ -263,12 +438,15 @@ bool GraphRunner::run_control(const WorkItem& item) {
     case OpKind::ClearAutocastCache:
       at::autocast::clear_cache();
       return true;
+    case OpKind::EndIteration:
+      end_iteration();
+      return true;
     default:
       return false;
   }
 }
 
-void GraphRunner::execute(WorkItem& item) {
+void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   if (run_control(item)) return;
   advance_sequence(item.sequence_floor);
   // Reductions split work by thread count: use the program thread's, so results are bitwise
@@ -287,12 +465,25 @@ void GraphRunner::execute(WorkItem& item) {
   at::AutoGradMode grad(item.grad_mode);
   std::optional<c10::InferenceMode> inference;
   if (item.inference_mode) inference.emplace();
+  BlockStore& b = *blocks_;
+  if (item.iteration != b.iteration) start_iteration(item, seq);
+  if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
+  run_per_op(item, b.state == BlockStore::State::Recording ? b.recorder.get() : nullptr);
+}
+
+void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
+  std::optional<RecordingScope> recording;
   switch (item.kind) {
     case OpKind::Aten: {
       torch::jit::Stack stack;
       stack.reserve(item.args.size());
       for (const c10::IValue& v : item.args) stack.push_back(resolve_placeholders(v));
-      if (needs_autograd(stack, item.grad_mode)) {
+      const bool autograd = needs_autograd(stack, item.grad_mode);
+      if (recorder) {
+        recorder->begin_item(item, stack, autograd);
+        recording.emplace(recorder);
+      }
+      if (autograd) {
         count(ops_autograd_);
         item.op->callBoxed(&stack);
       } else {
@@ -303,23 +494,17 @@ void GraphRunner::execute(WorkItem& item) {
         at::AutoDispatchBelowAutograd below;
         item.op->callBoxed(&stack);
       }
-      size_t k = 0;
-      auto fill = [&](const at::Tensor& t) {
-        if (k < item.outs.size() && item.outs[k]) {
-          // The placeholder handed out carries the traced metadata: a value that disagrees (an
-          // op whose output shape depends on data, not declared as such) must not go unnoticed.
-          TORCH_CHECK(!item.expect || (*item.expect)[k].meta.matches(t),
-                      "Terra: the output of this op differs in shape/dtype from the traced one (",
-                      (*item.expect)[k].meta.str(), " traced, ", TensorMeta::of(t).str(), " now)");
-          item.outs[k]->value = t;
-        }
-        ++k;
-      };
+      recording.reset();
+      std::vector<at::Tensor> outs;
       for (const c10::IValue& r : stack) {
-        if (r.isTensor()) fill(r.toTensor());
-        else if (r.isTensorList())
-          for (const at::Tensor& t : r.toTensorList()) fill(t);
+        if (r.isTensor()) {
+          outs.push_back(r.toTensor());
+        } else if (r.isTensorList()) {
+          for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+        }
       }
+      for (size_t k = 0; k < outs.size(); ++k) fill_output(item, k, outs[k]);
+      if (recorder) recorder->end_item(item, outs);
       break;
     }
     case OpKind::Backward: {
@@ -327,25 +512,43 @@ void GraphRunner::execute(WorkItem& item) {
       auto grads = tensors_of(item.args.at(1));
       bool retain = item.args.at(2).toBool();
       bool create = item.args.at(3).toBool();
+      if (recorder) {
+        torch::jit::Stack args;
+        for (const c10::IValue& v : item.args) args.push_back(resolve_placeholders(v));
+        recorder->begin_item(item, args, true);
+        recorder->before_backward(roots, retain, create);
+        recording.emplace(recorder);
+      }
       torch::autograd::backward(roots, grads, retain, create);
+      recording.reset();
+      if (recorder) {
+        recorder->after_backward();
+        recorder->end_item(item, {});
+      }
       break;
     }
-    case OpKind::GradRead: {
-      at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
-      const at::Tensor& g = t.grad();
-      TORCH_CHECK(g.defined() == (item.outs.size() == 1 && item.outs[0] != nullptr),
-                  "Terra: .grad presence differs from the recorded trace");
-      if (g.defined()) item.outs[0]->value = g;
-      break;
-    }
+    case OpKind::GradRead:
     case OpKind::GradWrite: {
-      at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
-      const c10::IValue& v = item.args.at(1);
-      t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
+      if (recorder) {
+        torch::jit::Stack args;
+        for (const c10::IValue& v : item.args) args.push_back(resolve_placeholders(v));
+        recorder->begin_item(item, args, false);
+      }
+      if (item.kind == OpKind::GradRead) {
+        run_grad_read(item);
+      } else {
+        run_grad_write(item);
+      }
+      if (recorder) {
+        std::vector<at::Tensor> outs;
+        if (item.kind == OpKind::GradRead && !item.outs.empty() && item.outs[0]) outs.push_back(item.outs[0]->value);
+        recorder->end_item(item, outs);
+      }
       break;
     }
     case OpKind::ReleaseTeam:  // run_control
     case OpKind::ClearAutocastCache:
+    case OpKind::EndIteration:
     case OpKind::Marker:
       break;
   }

@@ -49,6 +49,8 @@ enum class OpKind : uint8_t {
   ReleaseTeam,  // runner control, never a graph node: give up the OpenMP team (openmp_team.h)
                 // and clear the autocast weight cast cache (the program runs ops itself next)
   ClearAutocastCache,  // runner control: the program's autocast region ended (thread_state.h)
+  EndIteration,  // runner control: the co-executed iteration whose items precede it is complete
+                 // (its block may be recorded, block_replay.h)
 };
 
 struct WorkItem {
@@ -61,6 +63,7 @@ struct WorkItem {
   std::vector<std::shared_ptr<Slot>> outs;  // slots of the placeholders handed out, by return index
   const std::vector<OutSpec>* expect = nullptr;  // traced metadata of those outputs
   uint32_t node = 0;                        // TraceGraph node, for error reports
+  uint64_t graph = 0;                       // Graph::serial of the node's graph (0: none)
   uint64_t sequence_floor = 0;              // autograd sequence number of the issuing thread
   int num_threads = 0;                      // intra-op threads of the issuing thread
   uint64_t iteration = 0;                   // serial number of the issuing iteration (timeline)
@@ -86,6 +89,15 @@ struct RunnerError {
 // make nodes first advances its counter past the other's. The relative order of all nodes is
 // then their creation order, as in eager execution, and so is the order gradients accumulate in.
 void advance_sequence(uint64_t floor);
+
+// Pieces of an item's execution that block replay shares (block_replay.h).
+void run_grad_read(WorkItem& item);
+void run_grad_write(const WorkItem& item);
+// Output `k` of an Aten item is `value`: checked against the traced metadata, put in its slot.
+void fill_output(WorkItem& item, size_t k, const at::Tensor& value);
+
+class BlockRecorder;
+struct BlockStore;  // graph_runner.cpp
 
 class GraphRunner {
  public:
@@ -127,12 +139,46 @@ class GraphRunner {
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
 
+  // Block replay (block_replay.h): on by default; set by the Python thread.
+  void set_replay(bool on) { replay_.store(on, std::memory_order_relaxed); }
+  struct ReplayCounts {
+    uint64_t iterations = 0;  // co-executed iterations replayed whole
+    uint64_t items = 0;       // items replayed
+    uint64_t kernels = 0;     // kernels replayed
+    uint64_t recorded = 0;    // blocks recorded
+    uint64_t refused = 0;     // recordings refused
+    std::string last_refusal;
+    uint64_t left = 0;        // replayed iterations the program left before their end
+    // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
+    // did not follow), "blocked" (the program waited before the block's backward was issued).
+    std::string last_left;
+  };
+  ReplayCounts replay_counts() const;
+
  private:
   void loop();
   bool wait_for_work(uint64_t next);  // false: stopping
   void wake();
-  void execute(WorkItem& item);
+  void execute(WorkItem& item, uint64_t seq);
+  void run_per_op(WorkItem& item, BlockRecorder* recorder);
   bool run_control(const WorkItem& item);  // false: not a control item
+  // Block replay, GraphRunner thread: the iteration `item` (sequence number `seq`) starts;
+  // replays `item` if it follows the block (false: run it op by op).
+  void start_iteration(const WorkItem& item, uint64_t seq);
+  bool replay(WorkItem& item, uint64_t seq);
+  void end_iteration();
+  // Waits until item `seq` is published; false where the Python thread waits for the GraphRunner
+  // meanwhile (it will publish nothing more until then) or the runner stops.
+  bool await_published(uint64_t seq);
+  bool python_blocked() const {
+    const uint64_t w = waiter_.load();
+    return w != 0 && w > done_.load();
+  }
+  std::atomic<bool> replay_{true};
+  std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
+  std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
+  mutable std::mutex counts_mutex_;
+  ReplayCounts counts_;  // under counts_mutex_
   StreamSwitcher streams_;  // GraphRunner thread only
   AutocastState autocast_;  // GraphRunner thread only: the state last applied
 

@@ -269,6 +269,9 @@ void PythonRunner::end_iteration() {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
   }
   previous_mode_ = mode_;
+  // The GraphRunner has every item of this iteration: it may record it as a block, or it has
+  // replayed one (block_replay.h).
+  if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
   if (live_.size() > 4096) {
@@ -344,6 +347,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_active(true);
     runner_team_ = true;
   }
+  if (want == Mode::CoExec) runner().set_replay(policy_.replay);
   mode_ = want;
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
@@ -357,6 +361,11 @@ PythonRunner::Mode PythonRunner::stable_mode() {
 
 bool Policy::adaptive_default() {
   const char* env = std::getenv("TERRA_ADAPTIVE");
+  return !(env && std::string(env) == "0");
+}
+
+bool Policy::replay_default() {
+  const char* env = std::getenv("TERRA_REPLAY");
   return !(env && std::string(env) == "0");
 }
 
@@ -697,6 +706,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->sequence_floor = at::sequence_number::peek();
   item->num_threads = at::get_num_threads();  // as the program has it now (thread_state.h)
   item->iteration = iteration_serial_;
+  item->graph = graph_->serial;
   item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
   item->garbage.swap(graveyard_);  // emptied by the GraphRunner: the vectors circulate
 

@@ -46,7 +46,11 @@ struct Policy {
   // The faster mode is held long enough that re-timing the slower one costs at most this share
   // of the time (terra::Payoff::hold_for).
   double payoff_check_budget = 0.03;
+  // The GraphRunner replays recorded iterations below autograd (block_replay.h). The default
+  // comes from TERRA_REPLAY (0: off).
+  bool replay = replay_default();
   static bool adaptive_default();
+  static bool replay_default();
 };
 
 class PythonRunner {

@@ -1,0 +1,733 @@
+#include "block_replay.h"
+
+#include "graph_runner.h"
+#include "op_template.h"
+#include "placeholder.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/node.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <tuple>
+#include <typeinfo>
+#include <unordered_set>
+
+namespace terra::runtime {
+
+namespace {
+
+// The hook's key: a functionality key below autograd and ADInplaceOrView (and below the Python
+// key), above the backends, that nothing in PyTorch registers kernels for.
+constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
+
+thread_local BlockRecorder* t_recorder = nullptr;
+thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
+
+void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
+  BlockRecorder* r = t_recorder;
+  if (!r || t_depth > 0 || r->refused()) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  ++t_depth;
+  struct Depth {
+    ~Depth() { --t_depth; }
+  } depth;
+  r->kernel_begin(op, below, *stack);
+  op.redispatchBoxed(below, stack);
+  r->kernel_end(*stack);
+}
+
+// Dispatch keys of tensors whose kernels the hook would not see as eager runs them.
+const c10::DispatchKeySet kUnreplayableKeys({c10::DispatchKey::Conjugate, c10::DispatchKey::Negative,
+                                             c10::DispatchKey::ZeroTensor, c10::DispatchKey::Python,
+                                             c10::DispatchKey::Functionalize,
+                                             c10::DispatchKey::PythonTLSSnapshot});
+
+// Two Python numbers (or constants) are the same argument: bitwise for floats (-0.0 is not 0.0).
+bool same_constant(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isDouble() && b.isDouble()) {
+    const double x = a.toDouble(), y = b.toDouble();
+    return std::memcmp(&x, &y, sizeof x) == 0;
+  }
+  if (a.isDouble() != b.isDouble()) return false;
+  if (a.isComplexDouble() || b.isComplexDouble()) {
+    if (!a.isComplexDouble() || !b.isComplexDouble()) return false;
+    const auto x = a.toComplexDouble(), y = b.toComplexDouble();
+    return std::memcmp(&x, &y, sizeof x) == 0;
+  }
+  if (a.tagKind() != b.tagKind()) return false;
+  return a == b;
+}
+
+struct StorageKey {
+  const c10::StorageImpl* storage;
+  int64_t offset;
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  bool operator<(const StorageKey& o) const {
+    return std::tie(storage, offset, dtype, sizes, strides) <
+           std::tie(o.storage, o.offset, o.dtype, o.sizes, o.strides);
+  }
+  static StorageKey of(const at::Tensor& t) {
+    return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.scalar_type(),
+            t.sizes().vec(), t.strides().vec()};
+  }
+};
+
+bool is_python_node(const torch::autograd::Node& n) {
+  return std::strstr(typeid(n).name(), "PyNode") != nullptr;
+}
+
+bool has_hooks(torch::autograd::Node& n) {
+  return !n.pre_hooks().empty() || !n.tensor_pre_hooks().empty() || !n.retains_grad_hooks().empty() ||
+         !n.post_hooks().empty();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Recording
+
+struct BlockRecorder::Impl {
+  Block block;
+  std::unordered_map<const c10::TensorImpl*, Ref> by_impl;
+  std::map<StorageKey, Ref> by_storage;
+  // Weak references keep every recorded TensorImpl and StorageImpl address from being reused
+  // while the iteration records, without changing a reference count eager execution reads
+  // (AccumulateGrad steals a gradient only when nothing else holds it).
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> kept;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> kept_storage;
+  std::vector<bool> is_load;  // by table index: re-read from an item (not made by a kernel)
+  std::vector<std::pair<uint32_t, uint32_t>> load_at;  // by table index: (item, load) of a load
+  std::unordered_set<const c10::TensorImpl*> made;     // tensors a kernel or item made
+
+  // Reads of table entries: (time, item index, kernel index or -1) of the last one.
+  struct Read {
+    uint64_t time = 0;
+    int64_t item = -1, kernel = -1;
+  };
+  std::vector<Read> last_read;
+  uint64_t time = 0;
+
+  // The item being recorded.
+  const WorkItem* item = nullptr;
+  uint32_t index = 0;
+  bool item_autograd = false;
+  bool first_kernel = true;
+  std::vector<uint32_t> feeds;  // argument positions the item's own kernel re-reads
+
+  // Autograd histories made by items, until a backward consumes them.
+  std::vector<std::pair<uint32_t, c10::intrusive_ptr<torch::autograd::Node>>> pending;
+  // The current backward: its leaves (index into block.leaves) and their gradients before it.
+  struct LeafGrad {
+    uint32_t leaf;
+    at::Tensor variable;
+    const c10::TensorImpl* before;  // kept from reuse by `kept`
+    uint32_t version;
+  };
+  std::vector<LeafGrad> leaves;
+  std::unordered_set<const torch::autograd::Node*> reached;
+
+  uint32_t new_id(bool load) {
+    is_load.push_back(load);
+    last_read.emplace_back();
+    return block.table_size++;
+  }
+
+  void remember(const at::Tensor& t, const Ref& r) {
+    kept.emplace_back(t.getIntrusivePtr());
+    by_impl[t.unsafeGetTensorImpl()] = r;
+    if (t.has_storage() && t.storage().unsafeGetStorageImpl()) {
+      kept_storage.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(
+          t.storage().unsafeGetStorageImpl()));
+      by_storage[StorageKey::of(t)] = r;
+    }
+  }
+
+  void read(const Ref& r, int64_t kernel) {
+    if (r.kind == Ref::Kind::Value) {
+      last_read[r.id] = {time, index, kernel};
+    } else if (r.kind == Ref::Kind::Grad) {
+      read(block.leaves[r.id], kernel);
+    } else if (r.kind == Ref::Kind::List) {
+      for (const Ref& e : r.list) read(e, kernel);
+    }
+  }
+
+  // What a tensor read by a kernel (or an item's output) is; false: nothing the block can name.
+  bool ref_of(const at::Tensor& t, Ref* out) {
+    if (!t.defined()) {
+      *out = Ref{};
+      out->constant = c10::IValue(at::Tensor());
+      return true;
+    }
+    auto it = by_impl.find(t.unsafeGetTensorImpl());
+    if (it != by_impl.end()) {
+      *out = it->second;
+      return true;
+    }
+    if (t.has_storage() && t.storage().unsafeGetStorageImpl()) {
+      auto s = by_storage.find(StorageKey::of(t));
+      if (s != by_storage.end()) {
+        *out = s->second;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+BlockRecorder::BlockRecorder(uint64_t graph) : impl_(std::make_unique<Impl>()) {
+  impl_->block.graph = graph;
+}
+
+BlockRecorder::~BlockRecorder() = default;
+
+BlockRecorder* BlockRecorder::current() { return t_recorder; }
+void BlockRecorder::set_current(BlockRecorder* r) { t_recorder = r; }
+
+void BlockRecorder::refuse(std::string why) {
+  if (why_.empty()) why_ = std::move(why);
+}
+
+void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& args, bool autograd) {
+  if (refused()) return;
+  Impl& m = *impl_;
+  if (item.autocast.cpu || item.autocast.cuda) return refuse("autocast");
+  if (item.inference_mode) return refuse("inference mode");
+  if (item.stream) return refuse("an accelerator stream");
+  m.item = &item;
+  m.index = static_cast<uint32_t>(m.block.items.size());
+  m.item_autograd = autograd;
+  m.first_kernel = true;
+  m.feeds.clear();
+  ++m.time;
+  ItemPlan p;
+  p.kind = item.kind;
+  p.node = item.node;
+  p.op = item.op;
+  p.kernels_begin = p.kernels_end = static_cast<uint32_t>(m.block.kernels.size());
+  // Every tensor argument is re-read from the item at replay: the item names it, whatever made it.
+  auto load = [&](const at::Tensor& t, uint32_t arg, int32_t elem) {
+    if (!t.defined()) return;
+    if (t.key_set().has_any(kUnreplayableKeys)) return refuse("a tensor subclass or a conjugate/negative view");
+    ItemPlan::Load l;
+    l.arg = arg;
+    l.elem = elem;
+    l.id = m.new_id(true);
+    auto known = m.by_impl.find(t.unsafeGetTensorImpl());
+    // A tensor from outside the iteration that an earlier item also read (one made inside it is
+    // one value by construction).
+    if (known != m.by_impl.end() && !m.made.count(t.unsafeGetTensorImpl()) &&
+        known->second.kind == Ref::Kind::Value &&
+        known->second.elem < 0 && m.is_load[known->second.id]) {
+      const auto [item_index, load_index] = m.load_at[known->second.id];
+      if (item_index != m.index) {
+        l.same_item = static_cast<int32_t>(item_index);
+        l.same_load = load_index;
+        m.read(known->second, -1);  // kept in the table until this item checks it
+      }
+    }
+    m.load_at.resize(m.block.table_size);
+    m.load_at[l.id] = {m.index, static_cast<uint32_t>(p.loads.size())};
+    Ref r;
+    r.kind = Ref::Kind::Value;
+    r.id = l.id;
+    m.remember(t, r);
+    p.loads.push_back(l);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    const auto arg = static_cast<uint32_t>(i);
+    if (v.isTensor()) {
+      load(v.toTensor(), arg, -1);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t e = 0; e < list.size(); ++e) load(list[e], arg, static_cast<int32_t>(e));
+    } else if (v.isList()) {
+      auto list = v.toList();
+      for (size_t e = 0; e < list.size(); ++e) {
+        const c10::IValue x = list[e];
+        if (x.isTensor()) load(x.toTensor(), arg, static_cast<int32_t>(e));
+      }
+    } else if (v.isGenerator()) {
+      return refuse("a generator argument");
+    } else if (v.isObject() || v.isCapsule() || v.isPyObject()) {
+      return refuse("an object argument");
+    }
+  }
+  m.block.items.push_back(std::move(p));
+}
+
+void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                 const torch::jit::Stack& stack) {
+  if (refused()) return;
+  Impl& m = *impl_;
+  if (!m.item) return refuse("a kernel outside an item");
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  TORCH_INTERNAL_ASSERT(stack.size() >= n);
+  RecordedKernel k;
+  k.op = &op;
+  k.keys = keys;
+  ++m.time;
+  const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
+  // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
+  // autograd may have kept them for the backward (then they are guarded instead).
+  const bool own = m.first_kernel && m.item->op == &op && !m.item_autograd &&
+                   m.item->kind == OpKind::Aten && m.item->args.size() == n;
+  m.first_kernel = false;
+  auto tensor_ref = [&](const at::Tensor& t, Ref* r) {
+    if (t.defined() && t.key_set().has_any(kUnreplayableKeys)) {
+      refuse("a tensor subclass or a conjugate/negative view");
+      return false;
+    }
+    if (!m.ref_of(t, r)) {
+      refuse(std::string("reads a tensor from outside the iteration (") + schema.name() + ")");
+      return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = stack[stack.size() - n + i];
+    Ref r;
+    if (v.isTensor()) {
+      if (!tensor_ref(v.toTensor(), &r)) return;
+    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList())) {
+      auto list = v.toList();
+      r.kind = Ref::Kind::List;
+      r.element_type = list.elementType();
+      for (size_t e = 0; e < list.size(); ++e) {
+        const c10::IValue x = list[e];
+        Ref er;
+        if (x.isTensor()) {
+          if (!tensor_ref(x.toTensor(), &er)) return;
+        } else if (x.isNone()) {
+          er.constant = x;
+        } else {
+          return refuse(std::string("a list argument it cannot name (") + schema.name() + ")");
+        }
+        r.list.push_back(std::move(er));
+      }
+    } else if (v.isGenerator() && !v.isNone()) {
+      return refuse("a generator argument");
+    } else if (v.isObject() || v.isCapsule() || v.isPyObject() || v.isFuture() || v.isTuple()) {
+      return refuse(std::string("an argument it cannot name (") + schema.name() + ")");
+    } else if (own) {
+      // A Python number or constant of the item: re-read from the item's argument.
+      ItemPlan& p = m.block.items.back();
+      ItemPlan::Load l;
+      l.arg = static_cast<uint32_t>(i);
+      l.id = m.new_id(true);
+      m.load_at.resize(m.block.table_size);
+      m.load_at[l.id] = {m.index, static_cast<uint32_t>(p.loads.size())};
+      p.loads.push_back(l);
+      r.kind = Ref::Kind::Value;
+      r.id = l.id;
+      m.feeds.push_back(l.arg);
+    } else {
+      r.constant = v;
+    }
+    m.read(r, kernel_index);
+    const auto* info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite()) k.written.push_back(static_cast<uint32_t>(i));
+    k.args.push_back(std::move(r));
+  }
+  const auto& returns = schema.returns();
+  k.view = !returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite() &&
+           n > 0 && schema.arguments()[0].alias_info() && !schema.arguments()[0].alias_info()->isWrite();
+  k.outs = static_cast<uint32_t>(returns.size());
+  m.block.kernels.push_back(std::move(k));
+}
+
+void BlockRecorder::kernel_end(const torch::jit::Stack& stack) {
+  if (refused()) return;
+  Impl& m = *impl_;
+  RecordedKernel& k = m.block.kernels.back();
+  TORCH_INTERNAL_ASSERT(stack.size() >= k.outs);
+  k.first_out = m.block.table_size;
+  for (uint32_t i = 0; i < k.outs; ++i) {
+    const c10::IValue& v = stack[stack.size() - k.outs + i];
+    const uint32_t id = m.new_id(false);
+    Ref r;
+    r.kind = Ref::Kind::Value;
+    r.id = id;
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) {
+        m.remember(v.toTensor(), r);
+        m.made.insert(v.toTensor().unsafeGetTensorImpl());
+      }
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t e = 0; e < list.size(); ++e) {
+        Ref er = r;
+        er.elem = static_cast<int32_t>(e);
+        const at::Tensor t = list[e];
+        m.remember(t, er);
+        m.made.insert(t.unsafeGetTensorImpl());
+      }
+    } else if (!v.isNone()) {
+      // A host value (a Scalar, a bool) inside a decomposition: what follows may depend on it.
+      return refuse(std::string("a kernel returns a host value (") + k.op->schema().name() + ")");
+    }
+  }
+  m.block.items.back().kernels_end = static_cast<uint32_t>(m.block.kernels.size());
+}
+
+void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool retain_graph,
+                                    bool create_graph) {
+  if (refused()) return;
+  if (retain_graph || create_graph) return refuse("retain_graph or create_graph");
+  Impl& m = *impl_;
+  m.leaves.clear();
+  m.reached.clear();
+  std::vector<torch::autograd::Node*> todo;
+  for (const at::Tensor& r : roots) {
+    auto edge = torch::autograd::impl::gradient_edge(r);
+    if (edge.function) todo.push_back(edge.function.get());
+  }
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!m.reached.insert(n).second) continue;
+    if (is_python_node(*n)) return refuse("Python in the backward");
+    if (has_hooks(*n)) return refuse("a hook in the backward");
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
+      const at::Tensor& v = acc->variable;
+      if (torch::autograd::impl::post_acc_grad_hooks(v)) return refuse("a post-accumulate-grad hook");
+      Ref leaf;
+      if (!m.ref_of(v, &leaf) || leaf.kind != Ref::Kind::Value) return refuse("a leaf no item names");
+      Impl::LeafGrad g;
+      g.leaf = static_cast<uint32_t>(m.block.leaves.size());
+      g.variable = v;
+      const at::Tensor& grad = v.grad();
+      g.before = grad.defined() ? grad.unsafeGetTensorImpl() : nullptr;
+      if (grad.defined()) m.kept.emplace_back(grad.getIntrusivePtr());
+      g.version = grad.defined() ? grad._version() : 0;
+      m.block.leaves.push_back(leaf);
+      if (grad.defined() && !m.by_impl.count(g.before)) {
+        Ref r;
+        r.kind = Ref::Kind::Grad;
+        r.id = g.leaf;
+        m.remember(grad, r);
+      }
+      m.leaves.push_back(std::move(g));
+    }
+    for (const torch::autograd::Edge& e : n->next_edges())
+      if (e.function) todo.push_back(e.function.get());
+  }
+}
+
+void BlockRecorder::after_backward() {
+  if (refused()) return;
+  Impl& m = *impl_;
+  ItemPlan& p = m.block.items.back();
+  ++m.time;
+  for (const Impl::LeafGrad& g : m.leaves) {
+    const at::Tensor& grad = g.variable.grad();
+    if (!grad.defined()) continue;
+    if (grad.unsafeGetTensorImpl() == g.before) continue;  // accumulated in place (or untouched)
+    ItemPlan::GradEffect e;
+    e.leaf = g.leaf;
+    if (!m.ref_of(grad, &e.value) || e.value.kind == Ref::Kind::Const)
+      return refuse("a gradient the block cannot name");
+    m.read(m.block.leaves[g.leaf], -1);
+    m.read(e.value, -1);
+    p.effects.push_back(std::move(e));
+  }
+  // The histories this backward consumed.
+  auto& pending = m.pending;
+  for (auto it = pending.begin(); it != pending.end();) {
+    if (m.reached.count(it->second.get())) {
+      m.block.items[it->first].covered_by = m.index;
+      it = pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  m.leaves.clear();
+  m.reached.clear();
+}
+
+void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>& returns) {
+  if (refused()) return;
+  Impl& m = *impl_;
+  ItemPlan& p = m.block.items.back();
+  ++m.time;
+  if (item.kind == OpKind::GradRead) {
+    if (!returns.empty() && returns[0].defined()) {
+      const uint32_t id = m.new_id(false);
+      p.out_table = static_cast<int32_t>(id);
+      Ref r;
+      r.kind = Ref::Kind::Value;
+      r.id = id;
+      m.remember(returns[0], r);
+      m.made.insert(returns[0].unsafeGetTensorImpl());
+      p.outs.push_back(r);
+      m.read(r, -1);
+    }
+  } else if (item.kind == OpKind::Aten) {
+    bool history = false;
+    for (const at::Tensor& t : returns) {
+      Ref r;
+      if (!m.ref_of(t, &r)) return refuse("an output the block cannot name");
+      if (t.defined() && m.item_autograd) {
+        auto fn = torch::autograd::impl::grad_fn_unsafe(t);
+        if (fn) {
+          m.pending.emplace_back(m.index, t.grad_fn());
+          history = true;
+        } else if (t.requires_grad() && r.kind == Ref::Kind::Value && !m.is_load[r.id]) {
+          return refuse("makes a leaf that requires grad");
+        }
+      }
+      m.read(r, -1);
+      p.outs.push_back(std::move(r));
+    }
+    p.autograd = history;
+  }
+  // Python numbers of the item that no kernel re-reads must be as recorded.
+  for (size_t i = 0; i < item.args.size(); ++i) {
+    const c10::IValue& v = item.args[i];
+    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()))
+      continue;
+    const auto arg = static_cast<uint32_t>(i);
+    if (std::find(m.feeds.begin(), m.feeds.end(), arg) != m.feeds.end()) continue;
+    p.guards.emplace_back(arg, v);
+  }
+  m.item = nullptr;
+}
+
+std::unique_ptr<Block> BlockRecorder::finish() {
+  Impl& m = *impl_;
+  if (!refused() && !m.pending.empty())
+    refuse("autograd history that no backward of the iteration consumes");
+  if (!refused() && m.block.items.empty()) refuse("an empty iteration");
+  if (refused()) return nullptr;
+  auto block = std::make_unique<Block>(std::move(m.block));
+  // Each table entry is dropped after its last reader (or at once where nothing reads it), so a
+  // replayed iteration holds no more memory than the recorded one did.
+  for (uint32_t id = 0; id < block->table_size; ++id) {
+    const Impl::Read& r = m.last_read[id];
+    if (r.kernel >= 0) {
+      block->kernels[static_cast<size_t>(r.kernel)].release.push_back(id);
+    } else if (r.item >= 0) {
+      block->items[static_cast<size_t>(r.item)].release.push_back(id);
+    }
+  }
+  // Entries nobody reads: released by the item that made them.
+  for (uint32_t i = 0; i < block->items.size(); ++i) {
+    ItemPlan& p = block->items[i];
+    for (const ItemPlan::Load& l : p.loads)
+      if (m.last_read[l.id].item < 0) p.release.push_back(l.id);
+    for (uint32_t k = p.kernels_begin; k < p.kernels_end; ++k) {
+      const RecordedKernel& rk = block->kernels[k];
+      for (uint32_t o = 0; o < rk.outs; ++o)
+        if (m.last_read[rk.first_out + o].item < 0) p.release.push_back(rk.first_out + o);
+    }
+  }
+  return block;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hook
+
+void install_record_hook() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  auto* lib = new torch::Library(torch::Library::IMPL, "_", kRecordKey, __FILE__, __LINE__);
+  lib->fallback(torch::CppFunction::makeFromBoxedFunction<&record_fallback>());
+}
+
+struct RecordingScope::Impl {
+  c10::impl::IncludeDispatchKeyGuard include{kRecordKey};
+  BlockRecorder* previous = t_recorder;
+};
+
+RecordingScope::RecordingScope(BlockRecorder* r) : impl_(std::make_unique<Impl>()) { t_recorder = r; }
+RecordingScope::~RecordingScope() { t_recorder = impl_->previous; }
+
+// ---------------------------------------------------------------------------------------------
+// Replay
+
+namespace {
+
+// The grad_fn of a replayed output that eager execution would have given one: the backward that
+// consumed eager's graph has run (replayed), so reaching it again is eager's error.
+struct ReplayedHistory final : torch::autograd::Node {
+  ReplayedHistory() : Node(/*sequence_nr=*/0) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
+    TORCH_CHECK(false,
+                "Trying to backward through the graph a second time (or directly access saved "
+                "tensors after they have already been freed). Terra replayed this iteration below "
+                "autograd, and its backward has already run.");
+  }
+  std::string name() const override { return "TerraReplayedBackward"; }
+};
+
+c10::IValue raw_item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
+  const c10::IValue& v = item.args.at(arg);
+  return elem < 0 ? v : v.toList().get(static_cast<size_t>(elem));
+}
+
+// Whether `v` is a placeholder the GraphRunner has not filled yet: a value of the iteration being
+// replayed (every earlier iteration's have been filled), which the replay makes as recorded.
+bool unfilled(const c10::IValue& v) {
+  if (!v.isTensor() || !v.toTensor().defined()) return false;
+  const PlaceholderImpl* p = as_placeholder(v.toTensor());
+  return p && !p->slot()->value.defined();
+}
+
+c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
+  c10::IValue v = raw_item_arg(item, arg, elem);
+  return v.isTensor() ? c10::IValue(resolve_placeholder(v.toTensor())) : v;
+}
+
+}  // namespace
+
+void BlockReplayer::start(const Block& block) {
+  block_ = &block;
+  next_ = 0;
+  table_.assign(block.table_size, c10::IValue());
+  freed_.reset();
+}
+
+void BlockReplayer::finish() {
+  block_ = nullptr;
+  next_ = 0;
+  table_.clear();
+  freed_.reset();
+}
+
+c10::IValue BlockReplayer::value(const Ref& r) const {
+  switch (r.kind) {
+    case Ref::Kind::Const: return r.constant;
+    case Ref::Kind::Value: {
+      const c10::IValue& v = table_[r.id];
+      if (r.elem < 0) return v;
+      return v.toTensorList().get(static_cast<size_t>(r.elem));
+    }
+    case Ref::Kind::Grad: return tensor(r);
+    case Ref::Kind::List: {
+      c10::impl::GenericList out(r.element_type);
+      out.reserve(r.list.size());
+      for (const Ref& e : r.list) out.push_back(value(e));
+      return out;
+    }
+  }
+  return c10::IValue();
+}
+
+at::Tensor BlockReplayer::tensor(const Ref& r) const {
+  if (r.kind == Ref::Kind::Grad) return value(block_->leaves[r.id]).toTensor().grad();
+  return value(r).toTensor();
+}
+
+bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
+                            const std::function<const WorkItem*(uint32_t)>& earlier) const {
+  const Block& block = *block_;
+  if (index >= block.items.size() || item.graph != block.graph) return false;
+  const ItemPlan& p = block.items[index];
+  if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
+  if (item.autocast.cpu || item.autocast.cuda || item.inference_mode || item.stream) return false;
+  for (const auto& [arg, recorded] : p.guards)
+    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) return false;
+  for (const ItemPlan::Load& l : p.loads) {
+    if (l.same_item < 0) continue;
+    const auto j = static_cast<uint32_t>(l.same_item);
+    const ItemPlan::Load& o = block.items[j].loads[l.same_load];
+    c10::IValue before;
+    if (j < next_) {
+      before = table_[o.id];
+    } else if (const WorkItem* w = earlier(j)) {
+      if (unfilled(raw_item_arg(*w, o.arg, o.elem))) continue;
+      before = item_arg(*w, o.arg, o.elem);
+    }
+    if (unfilled(raw_item_arg(item, l.arg, l.elem))) continue;
+    const c10::IValue now = item_arg(item, l.arg, l.elem);
+    if (!before.isTensor() || !now.isTensor() || !before.toTensor().is_same(now.toTensor())) return false;
+  }
+  return true;
+}
+
+void BlockReplayer::run(WorkItem& item) {
+  const Block& block = *block_;
+  const ItemPlan& p = block.items[next_++];
+  for (const ItemPlan::Load& l : p.loads) table_[l.id] = item_arg(item, l.arg, l.elem);
+  switch (p.kind) {
+    case OpKind::GradRead: {
+      run_grad_read(item);
+      if (p.out_table >= 0) table_[static_cast<uint32_t>(p.out_table)] = item.outs.at(0)->value;
+      break;
+    }
+    case OpKind::GradWrite: run_grad_write(item); break;
+    default: {
+      torch::jit::Stack stack;
+      for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
+        const RecordedKernel& k = block.kernels[ki];
+        stack.clear();
+        stack.reserve(k.args.size());
+        for (const Ref& a : k.args) stack.push_back(value(a));
+        c10::SmallVector<at::Tensor, 2> written;
+        for (uint32_t w : k.written) {
+          const c10::IValue& v = stack[w];
+          if (v.isTensor()) {
+            written.push_back(v.toTensor());
+          } else if (v.isTensorList()) {
+            for (const at::Tensor& t : v.toTensorList()) written.push_back(t);
+          }
+        }
+        at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
+        {
+          at::AutoDispatchBelowADInplaceOrView below;
+          k.op->redispatchBoxed(k.keys, &stack);
+        }
+        // What eager's ADInplaceOrView does around the kernel: bump the version of what it
+        // wrote; a view shares its base's version counter.
+        for (const at::Tensor& w : written)
+          if (w.defined()) w.unsafeGetTensorImpl()->bump_version();
+        for (uint32_t o = 0; o < k.outs; ++o) {
+          c10::IValue& out = stack[stack.size() - k.outs + o];
+          if (base.defined()) {
+            const auto& counter = base.unsafeGetTensorImpl()->version_counter();
+            if (out.isTensor()) {
+              out.toTensor().unsafeGetTensorImpl()->set_version_counter(counter);
+            } else if (out.isTensorList()) {
+              for (const at::Tensor& t : out.toTensorList()) t.unsafeGetTensorImpl()->set_version_counter(counter);
+            }
+          }
+          table_[k.first_out + o] = std::move(out);
+        }
+        for (uint32_t id : k.release) table_[id] = c10::IValue();
+        ++kernels_;
+      }
+      break;
+    }
+  }
+  for (const ItemPlan::GradEffect& e : p.effects) {
+    at::Tensor leaf = value(block.leaves[e.leaf]).toTensor();
+    leaf.mutable_grad() = tensor(e.value);
+  }
+  if (p.kind == OpKind::Aten) {
+    for (size_t k = 0; k < item.outs.size() && k < p.outs.size(); ++k) {
+      if (!item.outs[k]) continue;
+      at::Tensor v = tensor(p.outs[k]);
+      if (item.expect && (*item.expect)[k].meta.requires_grad && !v.requires_grad()) {
+        if (!freed_) freed_ = c10::make_intrusive<ReplayedHistory>();
+        const uint32_t nr = freed_->add_input_metadata(v);
+        torch::autograd::impl::set_gradient_edge(v, torch::autograd::Edge(freed_, nr));
+      }
+      fill_output(item, k, v);
+    }
+  }
+  for (uint32_t id : p.release) table_[id] = c10::IValue();
+}
+
+}  // namespace terra::runtime

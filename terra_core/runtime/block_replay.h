@@ -1,0 +1,191 @@
+// Block replay: the GraphRunner runs a co-executed iteration as the backend kernels it ran the
+// last time, below autograd, instead of op by op through autograd and the autograd engine.
+//
+// Recording. One co-executed iteration whose items arrive as a whole (from its first item to the
+// PythonRunner's EndIteration item) is executed as usual, through autograd, with a dispatcher hook
+// below autograd switched on for the GraphRunner thread (`BlockRecorder`). The hook sees every
+// kernel call that reaches the backends: the forward's, the backward's nodes (the autograd engine
+// runs a CPU backward on the calling thread) and the optimizer's. It records the top-level ones
+// in issue order, each argument as a reference to what produced it:
+//   a value made by an earlier kernel of the iteration, found by TensorImpl or, for autograd's
+//     shallow copies of saved outputs, by storage and geometry;
+//   an argument of one of the iteration's items (a parameter, an input batch, a placeholder from
+//     an earlier iteration), re-read from that item every time;
+//   a Python number of the item itself (a learning rate, Adam's bias correction), re-read too;
+//   a leaf's current `.grad` (the backward accumulating into it);
+//   a constant.
+// What AccumulateGrad did to each leaf's `.grad` (assigned a new tensor, or accumulated in place)
+// is read by comparing the gradients before and after the backward. A recording is refused (and
+// the iteration keeps the autograd route) where replaying could differ from eager execution: a
+// tensor from outside the iteration that no item names, a generator object, a kernel returning a
+// host value inside a decomposition, hooks or Python in the backward, retain_graph/create_graph,
+// autocast, inference mode, accelerator streams, tensor subclasses, conjugate/negative views,
+// autograd history that no backward of the iteration consumes, leaves made inside it.
+//
+// Replay. An iteration whose items follow the recorded block runs its kernels through
+// `redispatchBoxed` with the recorded dispatch keys (below autograd, so no autograd nodes and no
+// engine), bumps version counters where eager's ADInplaceOrView would, lets views share their
+// base's version counter, applies the `.grad` effects and fills the placeholders. An item that
+// ran through autograd while recorded is replayed only once every item up to the backward that
+// consumes its history has been issued and follows the block: if the program leaves the block
+// before that (a divergence, a fetch that waits), those items take the autograd route, so a
+// program that goes on eagerly finds eager's autograd graph. Outputs that eager execution would
+// give a grad_fn get a node that raises if a backward ever reaches it (eager's graph would have
+// been freed by the backward already).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace terra::runtime {
+
+struct WorkItem;
+enum class OpKind : uint8_t;
+
+// What a recorded kernel argument (or an item's output, or a gradient) is at replay time.
+struct Ref {
+  enum class Kind : uint8_t { Value, Const, Grad, List };
+  Kind kind = Kind::Const;
+  uint32_t id = 0;    // Value: table index; Grad: index of the leaf in Block::leaves
+  int32_t elem = -1;  // Value: element of a tensor-list value (-1: the whole value)
+  c10::IValue constant;
+  std::vector<Ref> list;       // List: its elements
+  c10::TypePtr element_type;   // List: the list's element type
+};
+
+struct RecordedKernel {
+  const c10::OperatorHandle* op = nullptr;
+  c10::DispatchKeySet keys;         // what the kernel was redispatched with (below the hook)
+  std::vector<Ref> args;
+  uint32_t first_out = 0;           // table index of return 0
+  uint32_t outs = 0;
+  std::vector<uint32_t> written;    // arguments the schema marks as written (version bump)
+  bool view = false;                // returns alias argument 0: share its version counter
+  std::vector<uint32_t> release;    // table entries last read by this kernel
+};
+
+// One item of the block: what it was, and how to run it again.
+struct ItemPlan {
+  OpKind kind;
+  uint32_t node = 0;
+  const c10::OperatorHandle* op = nullptr;
+  // Ran through autograd when recorded and its history is consumed by the backward at item
+  // `covered_by`: replayed only when every item up to that one is known to follow the block.
+  bool autograd = false;
+  uint32_t covered_by = 0;
+  struct Load {
+    uint32_t arg = 0;   // argument position
+    int32_t elem = -1;  // element of a tensor list
+    uint32_t id = 0;    // table index
+    // The same tensor as an earlier item's load when recorded (item index, its load), which it
+    // must still be: the kernels after this item read this load where the recording had one.
+    int32_t same_item = -1;
+    uint32_t same_load = 0;
+  };
+  std::vector<Load> loads;
+  uint32_t kernels_begin = 0, kernels_end = 0;
+  // Python numbers of the item that the kernels do not re-read: they must be as recorded.
+  std::vector<std::pair<uint32_t, c10::IValue>> guards;
+  std::vector<Ref> outs;     // the item's outputs, in the order of WorkItem::outs
+  int32_t out_table = -1;    // GradRead: where its output goes
+  struct GradEffect {
+    uint32_t leaf = 0;
+    Ref value;
+  };
+  std::vector<GradEffect> effects;  // Backward: leaf.grad = value
+  std::vector<uint32_t> release;    // table entries last read by this item (after its kernels)
+};
+
+struct Block {
+  uint64_t graph = 0;  // Graph::serial
+  std::vector<ItemPlan> items;
+  std::vector<RecordedKernel> kernels;
+  std::vector<Ref> leaves;  // the backward's leaves (Ref::Kind::Value)
+  uint32_t table_size = 0;
+};
+
+// Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's
+// ordinary execution; the dispatcher hook calls `kernel_begin`/`kernel_end` while `active()`.
+class BlockRecorder {
+ public:
+  explicit BlockRecorder(uint64_t graph);
+  ~BlockRecorder();
+  // `args`: the item's arguments with placeholders resolved. `autograd`: it takes the autograd
+  // route (the caller's decision).
+  void begin_item(const WorkItem& item, const torch::jit::Stack& args, bool autograd);
+  // `returns`: the item's outputs (flattened in the order of WorkItem::outs); Backward: none.
+  void end_item(const WorkItem& item, const std::vector<at::Tensor>& returns);
+  // Around a Backward item's execution: the leaves it reaches and their gradients before, and
+  // which forward items' histories it consumes.
+  void before_backward(const std::vector<at::Tensor>& roots, bool retain_graph, bool create_graph);
+  void after_backward();
+  void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args);
+  void kernel_end(const torch::jit::Stack& returns);
+  void refuse(std::string why);
+  bool refused() const { return !why_.empty(); }
+  const std::string& why() const { return why_; }
+  // The finished block, or nullptr (refused; `why()` says why).
+  std::unique_ptr<Block> finish();
+
+  // The recorder of the calling thread, if it records (the hook reads it).
+  static BlockRecorder* current();
+  static void set_current(BlockRecorder* r);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string why_;
+};
+
+// Installs the dispatcher hook (once per process).
+void install_record_hook();
+// Includes the hook's dispatch key on this thread for its lifetime.
+class RecordingScope {
+ public:
+  explicit RecordingScope(BlockRecorder* r);
+  ~RecordingScope();
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs a recorded block, item by item in order (GraphRunner thread).
+class BlockReplayer {
+ public:
+  void start(const Block& block);
+  void finish();  // drops what the table still holds
+  // Whether `item` can be item `index` of the block: same graph, node and kind, its Python numbers
+  // as guarded, its tensors aliasing as recorded. `earlier(j)` gives item j of this iteration
+  // where it has not been replayed yet.
+  bool follows(uint32_t index, const WorkItem& item,
+               const std::function<const WorkItem*(uint32_t)>& earlier) const;
+  // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
+  void run(WorkItem& item);
+  uint32_t next() const { return next_; }
+  const Block* block() const { return block_; }
+  uint64_t kernels() const { return kernels_; }
+
+ private:
+  c10::IValue value(const Ref& r) const;
+  at::Tensor tensor(const Ref& r) const;
+  const Block* block_ = nullptr;
+  uint32_t next_ = 0;
+  std::vector<c10::IValue> table_;
+  c10::intrusive_ptr<torch::autograd::Node> freed_;  // the grad_fn of outputs (see the header)
+  uint64_t kernels_ = 0;
+};
+
+}  // namespace terra::runtime
