@@ -150,6 +150,7 @@ PYBIND11_MODULE(_C, m) {
     d["kernels_replayed"] = c.kernels;
     d["blocks_recorded"] = c.recorded;
     d["blocks_refused"] = c.refused;
+    d["blocks_one_thread"] = c.one_thread;
     d["last_refusal"] = c.last_refusal;
     d["replays_left"] = c.left;
     d["last_left"] = c.last_left;

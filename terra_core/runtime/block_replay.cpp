@@ -4,6 +4,9 @@
 #include "op_template.h"
 #include "placeholder.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -28,10 +31,23 @@ constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
 thread_local BlockRecorder* t_recorder = nullptr;
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
 
+bool decomposes(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const void*, bool> known;  // by operator (recording only)
+  const void* key = &op.schema();
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  const bool d = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  known.emplace(key, d);
+  return d;
+}
+
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
   BlockRecorder* r = t_recorder;
-  if (!r || t_depth > 0 || r->refused()) {
+  // An op that decomposes (CompositeImplicitAutograd: reached here when it is called below
+  // autograd) is not a kernel: what it calls is recorded instead. Its schema need not say what
+  // its parts write (batch_norm's running statistics).
+  if (!r || t_depth > 0 || r->refused() || decomposes(op)) {
     op.redispatchBoxed(below, stack);
     return;
   }
@@ -42,6 +58,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   r->kernel_begin(op, below, *stack);
   op.redispatchBoxed(below, stack);
   r->kernel_end(*stack);
+  r->check_one_thread(op, below, *stack);
 }
 
 // Dispatch keys of tensors whose kernels the hook would not see as eager runs them.
@@ -85,6 +102,50 @@ bool is_python_node(const torch::autograd::Node& n) {
   return std::strstr(typeid(n).name(), "PyNode") != nullptr;
 }
 
+// A copy of an argument for a kernel to write without touching the original: tensors cloned
+// with their strides (so the kernel takes the same path); tensors with internal overlap, which
+// no kernel may write, and everything else shared.
+c10::IValue deep_copy(const c10::IValue& v) {
+  auto copy = [](const at::Tensor& t) {
+    if (!t.defined() || at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
+    at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
+    c.copy_(t);
+    return c;
+  };
+  if (v.isTensor()) return copy(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(copy(t));
+    return out;
+  }
+  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+    auto in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    for (const c10::IValue& e : in) out.push_back(e.isTensor() ? c10::IValue(copy(e.toTensor())) : e);
+    return out;
+  }
+  return v;
+}
+
+// Same metadata and the same bits (a NaN anywhere counts as a difference: conservative).
+bool bitwise_equal(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() && b.isTensor()) {
+    const at::Tensor &x = a.toTensor(), &y = b.toTensor();
+    if (x.defined() != y.defined()) return false;
+    if (!x.defined()) return true;
+    return x.sizes() == y.sizes() && x.strides() == y.strides() && x.scalar_type() == y.scalar_type() &&
+           at::equal(x, y);
+  }
+  if (a.isTensorList() && b.isTensorList()) {
+    auto x = a.toTensorList(), y = b.toTensorList();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!bitwise_equal(x.get(i), y.get(i))) return false;
+    return true;
+  }
+  return a.isNone() && b.isNone();
+}
+
 bool has_hooks(torch::autograd::Node& n) {
   return !n.pre_hooks().empty() || !n.tensor_pre_hooks().empty() || !n.retains_grad_hooks().empty() ||
          !n.post_hooks().empty();
@@ -115,6 +176,13 @@ struct BlockRecorder::Impl {
   };
   std::vector<Read> last_read;
   uint64_t time = 0;
+
+  // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
+  // and the CPU generator's state before it ran.
+  bool checking = false;
+  torch::jit::Stack copies;
+  torch::jit::Stack originals;  // its arguments, as the kernel leaves them
+  at::Tensor rng_before;
 
   // The item being recorded.
   const WorkItem* item = nullptr;
@@ -281,7 +349,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
   // autograd may have kept them for the backward (then they are guarded instead).
-  const bool own = m.first_kernel && m.item->op == &op && !m.item_autograd &&
+  const bool own = m.first_kernel && m.item->op && *m.item->op == op && !m.item_autograd &&
                    m.item->kind == OpKind::Aten && m.item->args.size() == n;
   m.first_kernel = false;
   auto tensor_ref = [&](const at::Tensor& t, Ref* r) {
@@ -344,7 +412,59 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   k.view = !returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite() &&
            n > 0 && schema.arguments()[0].alias_info() && !schema.arguments()[0].alias_info()->isWrite();
   k.outs = static_cast<uint32_t>(returns.size());
+  // Whether the kernel computes the same with one intra-op thread is checked on copies of its
+  // arguments (check_one_thread), while any kernel of the block might still be found not to.
+  m.checking = m.block.one_thread && m.item->num_threads > 1;
+  if (m.checking) {
+    // Every argument is copied (what a kernel writes is not always in its schema:
+    // native_batch_norm's running statistics), except tensors with internal overlap (expanded),
+    // which no kernel may write; afterwards each copy must match what the kernel left.
+    m.copies.clear();
+    m.originals.clear();
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& v = stack[stack.size() - n + i];
+      m.copies.push_back(deep_copy(v));
+      m.originals.push_back(v);
+    }
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    m.rng_before = generator.get_state();
+  }
   m.block.kernels.push_back(std::move(k));
+}
+
+void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                     const torch::jit::Stack& stack) {
+  Impl& m = *impl_;
+  if (refused() || !m.checking) return;
+  m.checking = false;
+  const RecordedKernel& k = m.block.kernels.back();
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::unique_lock<std::mutex> lock(generator.mutex());
+  const at::Tensor rng_after = generator.get_state();
+  const int threads = at::get_num_threads();
+  bool same = true;
+  try {
+    generator.set_state(m.rng_before);
+    lock.unlock();  // the kernel takes it to draw
+    at::set_num_threads(1);
+    torch::jit::Stack again = m.copies;  // the kernel consumes its stack
+    op.redispatchBoxed(keys, &again);
+    lock.lock();
+    same = generator.get_state().equal(rng_after);
+    for (size_t i = 0; same && i < m.copies.size(); ++i)
+      same = bitwise_equal(m.copies[i], m.originals[i]);
+    for (uint32_t o = 0; same && o < k.outs; ++o)
+      same = bitwise_equal(again[again.size() - k.outs + o], stack[stack.size() - k.outs + o]);
+  } catch (...) {
+    same = false;
+  }
+  at::set_num_threads(threads);
+  if (!lock.owns_lock()) lock.lock();
+  generator.set_state(rng_after);
+  m.copies.clear();
+  m.originals.clear();
+  if (!same) m.block.one_thread = false;
 }
 
 void BlockRecorder::kernel_end(const torch::jit::Stack& stack) {
@@ -635,10 +755,11 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
   const Block& block = *block_;
   if (index >= block.items.size() || item.graph != block.graph) return false;
   const ItemPlan& p = block.items[index];
-  if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
+  static const bool dbg = std::getenv("TERRA_DEBUG_REPLAY") != nullptr;
+  if (item.kind != p.kind || item.node != p.node || item.op != p.op) { if (dbg) fprintf(stderr, "DBG index %u node %u vs %u op %s vs %s\n", index, item.node, p.node, item.op ? item.op->schema().name().c_str() : "-", p.op ? p.op->schema().name().c_str() : "-"); return false; }
   if (item.autocast.cpu || item.autocast.cuda || item.inference_mode || item.stream) return false;
   for (const auto& [arg, recorded] : p.guards)
-    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) return false;
+    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) { if (dbg) fprintf(stderr, "DBG guard index %u op %s arg %u\n", index, p.op ? p.op->schema().name().c_str() : "-", arg); return false; }
   for (const ItemPlan::Load& l : p.loads) {
     if (l.same_item < 0) continue;
     const auto j = static_cast<uint32_t>(l.same_item);
@@ -669,6 +790,11 @@ void BlockReplayer::run(WorkItem& item) {
     }
     case OpKind::GradWrite: run_grad_write(item); break;
     default: {
+      // Every kernel of the block computed the same with one intra-op thread when recorded: the
+      // GraphRunner then leaves the cores to the program thread instead of waking an OpenMP
+      // team that competes with it (on 2 cores: 3 threads for 2 cores).
+      if (block.one_thread && p.kernels_begin != p.kernels_end && at::get_num_threads() != 1)
+        at::set_num_threads(1);
       torch::jit::Stack stack;
       for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
         const RecordedKernel& k = block.kernels[ki];

@@ -115,6 +115,12 @@ struct Block {
   std::vector<RecordedKernel> kernels;
   std::vector<Ref> leaves;  // the backward's leaves (Ref::Kind::Value)
   uint32_t table_size = 0;
+  // Every kernel, run again on copies of its arguments with one intra-op thread while recorded,
+  // gave the same bits (and drew the same random numbers) as with the program's thread count:
+  // the block is replayed with one thread. Which code path a kernel takes depends on the shapes
+  // and the thread count, not on the values, and a different path (another split of a reduction,
+  // another vector/scalar boundary) shows in the bits of generic data.
+  bool one_thread = true;
 };
 
 // Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's
@@ -134,6 +140,8 @@ class BlockRecorder {
   void after_backward();
   void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args);
   void kernel_end(const torch::jit::Stack& returns);
+  // After kernel_end: runs the kernel again on copies of its arguments with one thread.
+  void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
   void refuse(std::string why);
   bool refused() const { return !why_.empty(); }
   const std::string& why() const { return why_; }

@@ -346,6 +346,7 @@ void GraphRunner::end_iteration() {
     std::unique_ptr<Block> block = b.recorder->finish();
     std::lock_guard<std::mutex> lock(counts_mutex_);
     if (block) {
+      counts_.one_thread += block->one_thread;
       b.entry->block = std::move(block);
       ++counts_.recorded;
     } else {

@@ -146,6 +146,7 @@ class GraphRunner {
     uint64_t items = 0;       // items replayed
     uint64_t kernels = 0;     // kernels replayed
     uint64_t recorded = 0;    // blocks recorded
+    uint64_t one_thread = 0;  // of which replayed with one intra-op thread (block_replay.h)
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
     uint64_t left = 0;        // replayed iterations the program left before their end
