@@ -22,6 +22,22 @@ using terra::runtime::PythonRunner;
 
 namespace {
 
+// A graph's counters (stats_json) with what block replay did with its iterations (block_replay.h).
+nlohmann::json stats_with_replay(const terra::runtime::Graph& g) {
+  nlohmann::json j = terra::runtime::stats_json(g);
+  const auto c = terra::runtime::PythonRunner::instance().runner().replay_counts(g.serial);
+  j["iterations_replayed"] = c.iterations;
+  j["kernels_replayed"] = c.kernels;
+  j["blocks_recorded"] = c.recorded;
+  j["blocks_one_thread"] = c.one_thread;
+  j["blocks_refused"] = c.refused;
+  j["replay_refusal"] = c.last_refusal;
+  j["replays_left"] = c.left;
+  j["replay_left_why"] = c.last_left;
+  return j;
+}
+
+
 PythonRunner& R() { return PythonRunner::instance(); }
 
 Graph* graph_named(const std::string& name) {
@@ -220,8 +236,13 @@ PYBIND11_MODULE(_C, m) {
     for (auto& [name, g] : R().graphs()) names.append(name);
     return names;
   });
-  m.def("stats", [](const std::string& name) { return to_python(stats_json(graph_at(name))); });
-  m.def("graph_json", [](const std::string& name) { return to_python(to_json(graph_at(name))); },
+  m.def("stats", [](const std::string& name) { return to_python(stats_with_replay(graph_at(name))); });
+  m.def("graph_json", [](const std::string& name) {
+    const Graph& g = graph_at(name);
+    nlohmann::json j = to_json(g);
+    j["stats"] = stats_with_replay(g);
+    return to_python(j);
+  },
         "The graph for viewers: nodes, edges, blocks, switch-cases, last path, fallbacks, stats.");
   m.def("timeline", [](uint64_t last) {
     py::list out;

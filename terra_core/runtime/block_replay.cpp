@@ -127,6 +127,44 @@ c10::IValue deep_copy(const c10::IValue& v) {
   return v;
 }
 
+torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
+  torch::jit::Stack out;
+  for (const c10::IValue& v : s) out.push_back(deep_copy(v));
+  return out;
+}
+
+// Copies of `s` whose floating-point tensors hold generic values (uniform in [0.25, 0.75): inexact
+// sums, valid probabilities, positive for roots and logarithms); other tensors (indices, masks)
+// keep theirs. Drawn from a generator of its own.
+torch::jit::Stack generic_copy(const torch::jit::Stack& s) {
+  static at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12345);
+  auto fill = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.is_floating_point() || at::has_internal_overlap(t) == at::MemOverlap::Yes)
+      return t;
+    at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
+    c.uniform_(0.25, 0.75, gen);  // (takes the generator's lock)
+    return c;
+  };
+  torch::jit::Stack out;
+  for (const c10::IValue& v : s) {
+    if (v.isTensor()) {
+      out.push_back(fill(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(fill(t));
+      out.push_back(l);
+    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+      auto in = v.toList();
+      c10::impl::GenericList l(in.elementType());
+      for (const c10::IValue& e : in) l.push_back(e.isTensor() ? c10::IValue(fill(e.toTensor())) : e);
+      out.push_back(l);
+    } else {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
 // Same metadata and the same bits (a NaN anywhere counts as a difference: conservative).
 bool bitwise_equal(const c10::IValue& a, const c10::IValue& b) {
   if (a.isTensor() && b.isTensor()) {
@@ -143,7 +181,15 @@ bool bitwise_equal(const c10::IValue& a, const c10::IValue& b) {
       if (!bitwise_equal(x.get(i), y.get(i))) return false;
     return true;
   }
-  return a.isNone() && b.isNone();
+  if (a.isTensor() || b.isTensor() || a.isTensorList() || b.isTensorList()) return false;
+  if (a.isList() && b.isList()) {  // e.g. Tensor?[]
+    auto x = a.toList(), y = b.toList();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (!bitwise_equal(x.get(i), y.get(i))) return false;
+    return true;
+  }
+  return same_constant(a, b);
 }
 
 bool has_hooks(torch::autograd::Node& n) {
@@ -442,26 +488,53 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   auto generator = at::detail::getDefaultCPUGenerator();
   std::unique_lock<std::mutex> lock(generator.mutex());
   const at::Tensor rng_after = generator.get_state();
+  lock.unlock();  // a kernel takes it to draw
   const int threads = at::get_num_threads();
+  // Runs the kernel on `args` with `n` threads from the generator state before it; its returns.
+  auto run = [&](torch::jit::Stack args, int n) {
+    {
+      std::lock_guard<std::mutex> g(generator.mutex());
+      generator.set_state(m.rng_before);
+    }
+    at::set_num_threads(n);
+    op.redispatchBoxed(keys, &args);
+    return args;
+  };
+  auto outs_equal = [&](const torch::jit::Stack& a, const torch::jit::Stack& b) {
+    for (uint32_t o = 0; o < k.outs; ++o)
+      if (!bitwise_equal(a[a.size() - k.outs + o], b[b.size() - k.outs + o])) return false;
+    return true;
+  };
+  auto args_equal = [](const torch::jit::Stack& a, const torch::jit::Stack& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!bitwise_equal(a[i], b[i])) return false;
+    return true;
+  };
   bool same = true;
   try {
-    generator.set_state(m.rng_before);
-    lock.unlock();  // the kernel takes it to draw
-    at::set_num_threads(1);
-    torch::jit::Stack again = m.copies;  // the kernel consumes its stack
-    op.redispatchBoxed(keys, &again);
-    lock.lock();
-    same = generator.get_state().equal(rng_after);
-    for (size_t i = 0; same && i < m.copies.size(); ++i)
-      same = bitwise_equal(m.copies[i], m.originals[i]);
-    for (uint32_t o = 0; same && o < k.outs; ++o)
-      same = bitwise_equal(again[again.size() - k.outs + o], stack[stack.size() - k.outs + o]);
+    // The recorded data, with one thread, against what the kernel just computed.
+    const torch::jit::Stack one = run(m.copies, 1);
+    {
+      std::lock_guard<std::mutex> g(generator.mutex());
+      same = generator.get_state().equal(rng_after);
+    }
+    same = same && args_equal(m.copies, m.originals) && outs_equal(one, stack);
+    // Generic data of the same shapes, with both thread counts: recorded data can be special
+    // (zeros, small integers) so that another summation order gives the same bits anyway.
+    if (same) {
+      const torch::jit::Stack generic = generic_copy(m.copies);
+      torch::jit::Stack a = deep_copy_all(generic), b = deep_copy_all(generic);
+      const torch::jit::Stack ra = run(a, threads), rb = run(b, 1);
+      same = args_equal(a, b) && outs_equal(ra, rb);
+    }
   } catch (...) {
     same = false;
   }
   at::set_num_threads(threads);
-  if (!lock.owns_lock()) lock.lock();
-  generator.set_state(rng_after);
+  {
+    std::lock_guard<std::mutex> g(generator.mutex());
+    generator.set_state(rng_after);
+  }
   m.copies.clear();
   m.originals.clear();
   if (!same) m.block.one_thread = false;
@@ -523,7 +596,8 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
       const at::Tensor& v = acc->variable;
       if (torch::autograd::impl::post_acc_grad_hooks(v)) return refuse("a post-accumulate-grad hook");
       Ref leaf;
-      if (!m.ref_of(v, &leaf) || leaf.kind != Ref::Kind::Value) return refuse("a leaf no item names");
+      if (!m.ref_of(v, &leaf) || leaf.kind != Ref::Kind::Value || leaf.elem >= 0 || !m.is_load[leaf.id])
+        return refuse("a leaf no item names");
       Impl::LeafGrad g;
       g.leaf = static_cast<uint32_t>(m.block.leaves.size());
       g.variable = v;
@@ -532,6 +606,7 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
       if (grad.defined()) m.kept.emplace_back(grad.getIntrusivePtr());
       g.version = grad.defined() ? grad._version() : 0;
       m.block.leaves.push_back(leaf);
+      m.block.leaf_loads.push_back(m.load_at[leaf.id]);
       if (grad.defined() && !m.by_impl.count(g.before)) {
         Ref r;
         r.kind = Ref::Kind::Grad;
@@ -552,6 +627,7 @@ void BlockRecorder::after_backward() {
   ++m.time;
   for (const Impl::LeafGrad& g : m.leaves) {
     const at::Tensor& grad = g.variable.grad();
+    p.leaf_states.push_back({g.leaf, g.before != nullptr, grad.defined()});
     if (!grad.defined()) continue;
     if (grad.unsafeGetTensorImpl() == g.before) continue;  // accumulated in place (or untouched)
     ItemPlan::GradEffect e;
@@ -750,16 +826,55 @@ at::Tensor BlockReplayer::tensor(const Ref& r) const {
   return value(r).toTensor();
 }
 
+at::Tensor BlockReplayer::leaf_tensor(uint32_t leaf,
+                                      const std::function<const WorkItem*(uint32_t)>& earlier) const {
+  const auto [j, l] = block_->leaf_loads[leaf];
+  const ItemPlan::Load& load = block_->items[j].loads[l];
+  if (j < next_) return table_[load.id].isTensor() ? table_[load.id].toTensor() : at::Tensor();
+  const WorkItem* w = earlier(j);
+  if (!w) return at::Tensor();
+  const c10::IValue v = item_arg(*w, load.arg, load.elem);
+  return v.isTensor() ? v.toTensor() : at::Tensor();
+}
+
+bool BlockReplayer::grads_as_recorded(uint32_t index,
+                                      const std::function<const WorkItem*(uint32_t)>& earlier) const {
+  const Block& block = *block_;
+  // Gradient presence by leaf, as the items before `index` leave it.
+  std::unordered_map<const c10::TensorImpl*, bool> defined;
+  auto state = [&](const at::Tensor& leaf) {
+    auto it = defined.find(leaf.unsafeGetTensorImpl());
+    return it != defined.end() ? it->second : leaf.grad().defined();
+  };
+  for (uint32_t k = next_; k <= index; ++k) {
+    const ItemPlan& p = block.items[k];
+    if (p.kind == OpKind::GradWrite) {
+      const WorkItem* w = earlier(k);
+      if (!w) return false;
+      const c10::IValue target = raw_item_arg(*w, 0, -1);
+      if (!target.isTensor() || unfilled(target)) return false;
+      defined[resolve_placeholder(target.toTensor()).unsafeGetTensorImpl()] = !w->args.at(1).isNone();
+    } else if (p.kind == OpKind::Backward) {
+      for (const ItemPlan::LeafState& s : p.leaf_states) {
+        const at::Tensor leaf = leaf_tensor(s.leaf, earlier);
+        if (!leaf.defined()) return false;
+        if (k == index && state(leaf) != s.before) return false;
+        defined[leaf.unsafeGetTensorImpl()] = s.after;
+      }
+    }
+  }
+  return true;
+}
+
 bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
                             const std::function<const WorkItem*(uint32_t)>& earlier) const {
   const Block& block = *block_;
   if (index >= block.items.size() || item.graph != block.graph) return false;
   const ItemPlan& p = block.items[index];
-  static const bool dbg = std::getenv("TERRA_DEBUG_REPLAY") != nullptr;
-  if (item.kind != p.kind || item.node != p.node || item.op != p.op) { if (dbg) fprintf(stderr, "DBG index %u node %u vs %u op %s vs %s\n", index, item.node, p.node, item.op ? item.op->schema().name().c_str() : "-", p.op ? p.op->schema().name().c_str() : "-"); return false; }
+  if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
   if (item.autocast.cpu || item.autocast.cuda || item.inference_mode || item.stream) return false;
   for (const auto& [arg, recorded] : p.guards)
-    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) { if (dbg) fprintf(stderr, "DBG guard index %u op %s arg %u\n", index, p.op ? p.op->schema().name().c_str() : "-", arg); return false; }
+    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) return false;
   for (const ItemPlan::Load& l : p.loads) {
     if (l.same_item < 0) continue;
     const auto j = static_cast<uint32_t>(l.same_item);

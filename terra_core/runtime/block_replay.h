@@ -106,6 +106,15 @@ struct ItemPlan {
     Ref value;
   };
   std::vector<GradEffect> effects;  // Backward: leaf.grad = value
+  // Backward: whether each leaf it reaches had a gradient before it, and has one after it.
+  // AccumulateGrad assigns where there was none and accumulates where there was one, so a
+  // replayed backward needs the same before-states (checked before the block's forward is
+  // replayed: BlockReplayer::grads_as_recorded).
+  struct LeafState {
+    uint32_t leaf = 0;
+    bool before = false, after = false;
+  };
+  std::vector<LeafState> leaf_states;
   std::vector<uint32_t> release;    // table entries last read by this item (after its kernels)
 };
 
@@ -114,6 +123,8 @@ struct Block {
   std::vector<ItemPlan> items;
   std::vector<RecordedKernel> kernels;
   std::vector<Ref> leaves;  // the backward's leaves (Ref::Kind::Value)
+  // Where each leaf was loaded: (item index, index in its loads).
+  std::vector<std::pair<uint32_t, uint32_t>> leaf_loads;
   uint32_t table_size = 0;
   // Every kernel, run again on copies of its arguments with one intra-op thread while recorded,
   // gave the same bits (and drew the same random numbers) as with the program's thread count:
@@ -180,6 +191,10 @@ class BlockReplayer {
   // where it has not been replayed yet.
   bool follows(uint32_t index, const WorkItem& item,
                const std::function<const WorkItem*(uint32_t)>& earlier) const;
+  // Whether, when the Backward item `index` runs, each leaf it reaches will have a gradient
+  // exactly where the recorded one had: from the leaves' gradients now, through the GradWrite
+  // and Backward items from `next()` to `index`.
+  bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
   void run(WorkItem& item);
   uint32_t next() const { return next_; }
@@ -189,6 +204,8 @@ class BlockReplayer {
  private:
   c10::IValue value(const Ref& r) const;
   at::Tensor tensor(const Ref& r) const;
+  // The tensor of leaf `leaf` (from the table or, not replayed yet, its item).
+  at::Tensor leaf_tensor(uint32_t leaf, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   const Block* block_ = nullptr;
   uint32_t next_ = 0;
   std::vector<c10::IValue> table_;

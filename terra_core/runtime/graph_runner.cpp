@@ -111,6 +111,7 @@ struct BlockStore {
   std::map<std::tuple<uint64_t, uint32_t, int>, Entry> entries;
   enum class State { PerOp, Recording, Replaying } state = State::PerOp;
   uint64_t iteration = ~uint64_t{0};
+  uint64_t graph = 0;  // Graph::serial of the iteration's items
   Entry* entry = nullptr;
   std::unique_ptr<BlockRecorder> recorder;
   BlockReplayer replayer;
@@ -267,15 +268,32 @@ bool GraphRunner::await_published(uint64_t seq) {
   return published_.load() >= seq && !stop_.load();
 }
 
-GraphRunner::ReplayCounts GraphRunner::replay_counts() const {
+GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
   std::lock_guard<std::mutex> lock(counts_mutex_);
-  return counts_;
+  if (graph != 0) {
+    auto it = counts_.find(graph);
+    return it != counts_.end() ? it->second : ReplayCounts{};
+  }
+  ReplayCounts total;
+  for (const auto& [g, c] : counts_) {
+    total.iterations += c.iterations;
+    total.items += c.items;
+    total.kernels += c.kernels;
+    total.recorded += c.recorded;
+    total.one_thread += c.one_thread;
+    total.refused += c.refused;
+    total.left += c.left;
+    if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
+    if (!c.last_left.empty()) total.last_left = c.last_left;
+  }
+  return total;
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
   b.abandon();  // an iteration that ended without EndIteration (it diverged) is not a block
   b.iteration = item.iteration;
+  b.graph = item.graph;
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
   if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
   BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind)}];
@@ -291,15 +309,18 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
 
 bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
-  auto leave = [&](const char* why) {
+  auto leave = [&](const char* why, bool stale = false) {
     // The program left the block (or may have: it waits before the block's backward is
     // issued): this item and the rest of the iteration take the autograd route.
     {
       std::lock_guard<std::mutex> lock(counts_mutex_);
-      ++counts_.left;
-      counts_.last_left = why;
+      ReplayCounts& c = counts_[item.graph];
+      ++c.left;
+      c.last_left = why;
     }
-    if (b.entry && ++b.entry->misses >= BlockStore::kMaxMisses) {
+    // A block recorded under other gradient states is stale at once (the program's gradients
+    // are kept across iterations now: it is recorded again).
+    if (b.entry && (++b.entry->misses >= BlockStore::kMaxMisses || stale)) {
       b.entry->block.reset();
       b.entry->misses = 0;
     }
@@ -330,13 +351,15 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
           !b.replayer.follows(j, w, earlier))
         return leave("ahead");
       b.seqs.push_back(s);
+      if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
   const uint64_t before = b.replayer.kernels();
   b.replayer.run(item);
   std::lock_guard<std::mutex> lock(counts_mutex_);
-  ++counts_.items;
-  counts_.kernels += b.replayer.kernels() - before;
+  ReplayCounts& c = counts_[item.graph];
+  ++c.items;
+  c.kernels += b.replayer.kernels() - before;
   return true;
 }
 
@@ -345,20 +368,21 @@ void GraphRunner::end_iteration() {
   if (b.state == BlockStore::State::Recording && b.recorder && b.entry) {
     std::unique_ptr<Block> block = b.recorder->finish();
     std::lock_guard<std::mutex> lock(counts_mutex_);
+    ReplayCounts& c = counts_[b.graph];
     if (block) {
-      counts_.one_thread += block->one_thread;
+      c.one_thread += block->one_thread;
       b.entry->block = std::move(block);
-      ++counts_.recorded;
+      ++c.recorded;
     } else {
       ++b.entry->refusals;
-      ++counts_.refused;
-      counts_.last_refusal = b.recorder->why();
+      ++c.refused;
+      c.last_refusal = b.recorder->why();
     }
   } else if (b.state == BlockStore::State::Replaying && b.entry &&
              b.replayer.next() == b.replayer.block()->items.size()) {
     b.entry->misses = 0;
     std::lock_guard<std::mutex> lock(counts_mutex_);
-    ++counts_.iterations;
+    ++counts_[b.graph].iterations;
   }
   b.abandon();
   b.iteration = ~uint64_t{0};

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -154,7 +155,8 @@ class GraphRunner {
     // did not follow), "blocked" (the program waited before the block's backward was issued).
     std::string last_left;
   };
-  ReplayCounts replay_counts() const;
+  // Of one graph (Graph::serial), or summed over all graphs (0).
+  ReplayCounts replay_counts(uint64_t graph = 0) const;
 
  private:
   void loop();
@@ -179,7 +181,7 @@ class GraphRunner {
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
   mutable std::mutex counts_mutex_;
-  ReplayCounts counts_;  // under counts_mutex_
+  std::map<uint64_t, ReplayCounts> counts_;  // by Graph::serial, under counts_mutex_
   StreamSwitcher streams_;  // GraphRunner thread only
   AutocastState autocast_;  // GraphRunner thread only: the state last applied
 

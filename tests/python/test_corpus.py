@@ -96,7 +96,10 @@ def _record_terra_stats(name, terra, record_property):
         total = coexec + stats["iterations_traced"] + stats.get("iterations_fallback", 0)
         share = coexec / total if total else 0.0
         record_property("coexecuted_share", round(share, 4))
-        print(f"{name}: {coexec} of {total} iterations co-executed ({share:.1%})")
+        replayed = stats.get("iterations_replayed", 0)
+        record_property("replayed_share", round(replayed / total, 4) if total else 0.0)
+        print(f"{name}: {coexec} of {total} iterations co-executed ({share:.1%}), {replayed} "
+              f"replayed below autograd")
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

@@ -123,13 +123,13 @@ class TerraMagics(Magics):
         if not graphs:
             print("no graphs yet: run a cell with a PyTorch loop")
             return
-        header = ("graph", "cell", "nodes", "traced", "co-exec", "fell back", "eager",
+        header = ("graph", "cell", "nodes", "traced", "co-exec", "replayed", "fell back", "eager",
                   "eager (faster)", "time traced", "time co-exec")
         rows = []
         for name in graphs:
             s = terra.stats(name)
             rows.append((name, self.cells.labels.get(name, "-"), s["nodes"], s["iterations_traced"],
-                         s["iterations_coexecuted"], s["iterations_fallback"],
+                         s["iterations_coexecuted"], s["iterations_replayed"], s["iterations_fallback"],
                          s["iterations_eager"] - s["iterations_eager_chosen"], s["iterations_eager_chosen"],
                          f"{s['traced_seconds']:.2f} s", f"{s['coexec_seconds']:.2f} s"))
         widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
@@ -166,7 +166,12 @@ class TerraMagics(Magics):
                 print(f"{self.cells.labels.get(name, name)}: {place}: {f['op']} ×{f['count']}")
                 print(f"    {f['reason']}")
         for name in names:
-            line = payoff_line(terra.stats(name)["payoff"])
+            stats = terra.stats(name)
+            line = payoff_line(stats["payoff"])
+            if line:
+                found = True
+                print(f"{self.cells.labels.get(name, name)}: {line}")
+            line = replay_line(stats)
             if line:
                 found = True
                 print(f"{self.cells.labels.get(name, name)}: {line}")
@@ -269,6 +274,23 @@ class TerraMagics(Magics):
         if changes:
             terra.config(**changes)
         print("Terra: settings updated")
+
+
+def replay_line(stats):
+    """What block replay (the GraphRunner running recorded kernels below autograd) could not do
+    for a graph, or None."""
+    parts = []
+    if stats.get("blocks_refused"):
+        parts.append(f"{stats['blocks_refused']} iteration(s) kept the autograd route: "
+                     f"{stats['replay_refusal']}")
+    if stats.get("replays_left"):
+        why = {"blocked": "the program waited for a value before the iteration's backward",
+               "grads": "gradients present where the recorded iteration had none (or the reverse)",
+               "item": "the iteration took another path",
+               "ahead": "the iteration took another path"}.get(stats["replay_left_why"],
+                                                             stats["replay_left_why"])
+        parts.append(f"left a replayed iteration {stats['replays_left']} time(s) (last: {why})")
+    return "block replay: " + "; ".join(parts) if parts else None
 
 
 def payoff_line(payoff):

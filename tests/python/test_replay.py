@@ -1,0 +1,123 @@
+"""Block replay (terra_core/runtime/block_replay.h): co-executed iterations run as the backend
+kernels recorded from an earlier one, below autograd. Each test compares against eager PyTorch in
+the same process, bitwise, and checks from the graph's counters that replay did (or did not) run.
+"""
+import pytest
+import torch
+
+import terra
+
+
+@pytest.fixture(autouse=True)
+def fresh_graphs():
+    terra.reset()
+    terra.config(replay=True)
+    yield
+    terra.config(replay=True)
+    terra.reset()
+
+
+def train(steps, fetch_before_backward=False, keep=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if fetch_before_backward:
+            losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        sched.step()
+        if not fetch_before_backward:
+            losses.append(loss.detach())
+        if keep is not None:
+            keep.append(loss)
+    return model, opt, losses
+
+
+def same_state(a, b):
+    (ma, oa, la), (mb, ob, lb) = a, b
+    params = all(torch.equal(p, q) for p, q in zip(ma.parameters(), mb.parameters()))
+    grads = all(torch.equal(p.grad, q.grad) for p, q in zip(ma.parameters(), mb.parameters()))
+    sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
+    moments = all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in ("exp_avg", "exp_avg_sq"))
+    losses = all((torch.equal(u, v) if torch.is_tensor(u) else u == v) for u, v in zip(la, lb))
+    return params and grads and moments and losses and len(la) == len(lb)
+
+
+def test_a_training_loop_is_replayed_below_autograd_bitwise():
+    # Adam's bias corrections and the scheduler's learning rates are Python numbers that change
+    # every step (feeds); dropout draws from the generator in every replayed iteration.
+    eager = train(40)
+    coexec = terra.run(train, 40)
+    assert same_state(eager, coexec)
+    s = terra.stats("train")
+    assert s["blocks_recorded"] >= 1, s
+    assert s["iterations_replayed"] >= 25, s
+    assert s["kernels_replayed"] > 40 * s["iterations_replayed"], s
+
+
+def test_replay_off_keeps_the_autograd_route():
+    terra.config(replay=False)
+    eager = train(20)
+    coexec = terra.run(train, 20)
+    assert same_state(eager, coexec)
+    s = terra.stats("train")
+    assert s["iterations_coexecuted"] >= 10, s
+    assert s["iterations_replayed"] == 0 and s["blocks_recorded"] == 0, s
+
+
+def test_a_fetch_before_the_backward_keeps_the_autograd_route():
+    # `loss.item()` before `loss.backward()`: when the program waits, the GraphRunner cannot know
+    # that the backward will follow, so the forward builds eager's autograd graph.
+    eager = train(20, fetch_before_backward=True)
+    coexec = terra.run(train, 20, fetch_before_backward=True)
+    assert same_state(eager, coexec)
+    s = terra.stats("train")
+    assert s["iterations_coexecuted"] >= 10, s
+    assert s["replays_left"] >= 5 and s["replay_left_why"] == "blocked", s
+
+
+def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():
+    eager_keep, coexec_keep = [], []
+    train(12, keep=eager_keep)
+    terra.run(train, 12, keep=coexec_keep)
+    assert terra.stats("train")["iterations_replayed"] >= 5
+    for e, c in zip(eager_keep, coexec_keep):
+        assert c.requires_grad == e.requires_grad and (c.grad_fn is None) == (e.grad_fn is None)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time") as eager_error:
+        eager_keep[-2].backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        coexec_keep[-2].backward()
+    assert eager_error.value is not None
+
+
+def test_a_hook_keeps_the_autograd_route_and_runs_every_time():
+    def hooked(steps, calls):
+        torch.manual_seed(0)
+        w = torch.randn(4, 3, requires_grad=True)
+        w.register_hook(lambda g: calls.append(1) or g * 0.5)
+        x = torch.randn(5, 4)
+        for _ in range(steps):
+            w.grad = None
+            (x @ w).square().sum().backward()
+            with torch.no_grad():
+                w -= 0.01 * w.grad
+        return w
+
+    eager_calls, coexec_calls = [], []
+    eager = hooked(15, eager_calls)
+    coexec = terra.run(hooked, 15, coexec_calls)
+    assert torch.equal(eager, coexec) and len(eager_calls) == len(coexec_calls) == 15
+    assert terra.stats()["iterations_replayed"] == 0
+
+
+def test_replay_setting_is_a_bool():
+    assert terra.config()["replay"] is True
+    terra.config(replay=False)
+    assert terra.config()["replay"] is False

@@ -1,0 +1,303 @@
+// Block replay on hand-built programs: a GraphRunner is fed work items the way the PythonRunner
+// issues them (placeholders between items, iteration serials, EndIteration), and every result is
+// compared bitwise with the same program run eagerly. block_replay.h says what is recorded.
+#include "block_replay.h"
+#include "graph_runner.h"
+#include "placeholder.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <functional>
+
+namespace terra::runtime {
+namespace {
+
+const c10::OperatorHandle& op(const char* name, const char* overload) {
+  static std::map<std::string, c10::OperatorHandle> ops;
+  const std::string key = std::string(name) + "." + overload;
+  auto it = ops.find(key);
+  if (it == ops.end())
+    it = ops.emplace(key, c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)).first;
+  return it->second;
+}
+
+// Issues one program's items to a GraphRunner as the PythonRunner would.
+class Issuer {
+ public:
+  explicit Issuer(GraphRunner& r) : r_(r) {}
+
+  void begin_iteration() { ++iteration_; node_ = 0; }
+  void end_iteration() { r_.issue_control(OpKind::EndIteration); }
+
+  // An ATen op; returns placeholders for its `outputs` tensor outputs (metadata from `like`).
+  std::vector<at::Tensor> aten(const c10::OperatorHandle& o, torch::jit::Stack args, bool grad_mode,
+                               const std::vector<at::Tensor>& like) {
+    WorkItem& item = fill(OpKind::Aten, std::move(args), grad_mode);
+    item.op = &o;
+    std::vector<at::Tensor> outs;
+    for (const at::Tensor& l : like) {
+      auto slot = std::make_shared<Slot>();
+      slot->seq = r_.issued() + 1;
+      outs.push_back(make_placeholder(TensorMeta::of(l), slot, own_group(slot)));
+      item.outs.push_back(std::move(slot));
+    }
+    last_ = r_.issue();
+    return outs;
+  }
+  void backward(const at::Tensor& root) {
+    c10::List<at::Tensor> roots({root});
+    c10::impl::GenericList grads(c10::OptionalType::create(c10::TensorType::get()));
+    grads.push_back(c10::IValue());
+    fill(OpKind::Backward, {roots, grads, false, false}, true);
+    last_ = r_.issue();
+  }
+  // `.grad` of `leaf` (defined: whether the program knows it is).
+  at::Tensor grad_read(const at::Tensor& leaf, const at::Tensor& like) {
+    WorkItem& item = fill(OpKind::GradRead, {leaf}, true);
+    auto slot = std::make_shared<Slot>();
+    slot->seq = r_.issued() + 1;
+    at::Tensor p = make_placeholder(TensorMeta::of(like), slot, own_group(slot));
+    item.outs.push_back(std::move(slot));
+    last_ = r_.issue();
+    return p;
+  }
+  void grad_write_none(const at::Tensor& leaf) {
+    fill(OpKind::GradWrite, {leaf, c10::IValue()}, true);
+    last_ = r_.issue();
+  }
+  uint64_t last() const { return last_; }
+
+ private:
+  WorkItem& fill(OpKind kind, torch::jit::Stack args, bool grad_mode) {
+    WorkItem& item = r_.next_item();
+    item.clear();
+    item.kind = kind;
+    item.op = nullptr;
+    item.grad_mode = grad_mode;
+    item.inference_mode = false;
+    item.autocast = AutocastState{};
+    item.args = std::move(args);
+    item.expect = nullptr;
+    item.node = ++node_;
+    item.graph = 7;
+    item.sequence_floor = 0;
+    item.num_threads = at::get_num_threads();
+    item.iteration = iteration_;
+    item.stream.reset();
+    return item;
+  }
+  GraphRunner& r_;
+  uint64_t iteration_ = 1000;
+  uint32_t node_ = 0;
+  uint64_t last_ = 0;
+};
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() == b.defined() && (!a.defined() || (a.sizes() == b.sizes() && at::equal(a, b)));
+}
+
+// One SGD step on y = sum((x @ w) * s) with a learning rate that changes every iteration: the
+// learning rate is a Python number of the update (a feed), `s` a new tensor each iteration.
+struct SgdProgram {
+  at::Tensor w = at::randn({4, 3}).requires_grad_();
+  at::Tensor x = at::randn({5, 4});
+
+  void eager_step(double lr, const at::Tensor& s, bool set_to_none) {
+    if (set_to_none) w.mutable_grad() = at::Tensor();
+    at::Tensor loss = (x.mm(w) * s).sum();
+    torch::autograd::backward({loss});
+    at::NoGradGuard no_grad;
+    w.add_(w.grad(), -lr);
+  }
+  void issue_step(Issuer& is, double lr, const at::Tensor& s, bool set_to_none) {
+    is.begin_iteration();
+    if (set_to_none) is.grad_write_none(w);
+    const at::Tensor h_like = x.mm(w.detach()).requires_grad_();
+    at::Tensor h = is.aten(op("aten::mm", ""), {x, w}, true, {h_like})[0];
+    at::Tensor m = is.aten(op("aten::mul", "Tensor"), {h, s}, true, {h_like})[0];
+    at::Tensor loss = is.aten(op("aten::sum", ""), {m, c10::IValue()}, true,
+                              {h_like.sum()})[0];
+    is.backward(loss);
+    at::Tensor g = is.grad_read(w, w.detach());
+    is.aten(op("aten::add_", "Tensor"), {w, g, -lr}, false, {});
+    is.end_iteration();
+  }
+};
+
+TEST(BlockReplay, AnSgdStepIsReplayedBitwiseWithANewLearningRateEachIteration) {
+  at::manual_seed(1);
+  SgdProgram eager, coexec;
+  coexec.w = eager.w.detach().clone().requires_grad_();
+  coexec.x = eager.x.clone();
+  const int64_t eager_version = eager.w._version(), coexec_version = coexec.w._version();
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 8; ++i) {
+    const double lr = 0.1 / (1 + i);
+    const at::Tensor s = at::randn({5, 3});
+    eager.eager_step(lr, s, /*set_to_none=*/true);
+    coexec.issue_step(is, lr, s.clone(), /*set_to_none=*/true);
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_TRUE(same(eager.w.grad(), coexec.w.grad()));
+  EXPECT_EQ(eager.w._version() - eager_version, coexec.w._version() - coexec_version);
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
+  EXPECT_EQ(c.iterations, 7u) << c.last_left;
+  EXPECT_GT(c.kernels, 7u * 6u);
+}
+
+TEST(BlockReplay, GradientsAccumulateInPlaceAsInEager) {
+  at::manual_seed(2);
+  SgdProgram eager, coexec;
+  coexec.w = eager.w.detach().clone().requires_grad_();
+  coexec.x = eager.x.clone();
+  GraphRunner runner;
+  Issuer is(runner);
+  const c10::TensorImpl* eager_grad = nullptr;
+  const c10::TensorImpl* coexec_grad = nullptr;
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor s = at::randn({5, 3});
+    eager.eager_step(0.01, s, /*set_to_none=*/false);
+    coexec.issue_step(is, 0.01, s.clone(), /*set_to_none=*/false);
+    runner.drain();
+    if (i == 0) {
+      eager_grad = eager.w.grad().unsafeGetTensorImpl();
+      coexec_grad = coexec.w.grad().unsafeGetTensorImpl();
+    }
+  }
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_TRUE(same(eager.w.grad(), coexec.w.grad()));
+  // The first backward creates the gradient; later ones accumulate into that same tensor.
+  EXPECT_EQ(eager.w.grad().unsafeGetTensorImpl(), eager_grad);
+  EXPECT_EQ(coexec.w.grad().unsafeGetTensorImpl(), coexec_grad);
+  // Recorded where the gradient was created, the block is stale once gradients accumulate: it is
+  // recorded again (iteration 2) and replayed from then on.
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 2u);
+  EXPECT_EQ(c.iterations, 3u);
+}
+
+TEST(BlockReplay, RandomOpsDrawInEagerOrder) {
+  const at::Tensor x = at::randn({64});
+  auto eager_step = [&] {
+    at::Tensor mask = at::empty_like(x).bernoulli_(0.5);
+    return (x * mask).add(at::rand({64}));
+  };
+  at::manual_seed(3);
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 6; ++i) expected.push_back(eager_step());
+
+  at::manual_seed(3);
+  GraphRunner runner;
+  Issuer is(runner);
+  std::vector<at::Tensor> got;
+  for (int i = 0; i < 6; ++i) {
+    is.begin_iteration();
+    at::Tensor e = is.aten(op("aten::empty_like", ""), {x, c10::IValue(), c10::IValue(), c10::IValue(),
+                                                      c10::IValue(), c10::IValue()}, false, {x})[0];
+    is.aten(op("aten::bernoulli_", "float"), {e, 0.5, c10::IValue()}, false, {});  // in place
+    at::Tensor y = is.aten(op("aten::mul", "Tensor"), {x, e}, false, {x})[0];
+    at::Tensor r = is.aten(op("aten::rand", ""), {std::vector<int64_t>{64}, c10::IValue(),
+                                                 c10::IValue(), c10::IValue(), c10::IValue()},
+                           false, {x})[0];
+    got.push_back(is.aten(op("aten::add", "Tensor"), {y, r, 1}, false, {x})[0]);
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(same(expected[i], resolve_placeholder(got[i]))) << i;
+  EXPECT_GE(runner.replay_counts().iterations, 5u);
+}
+
+TEST(BlockReplay, AnInPlaceUpdateThroughAViewBumpsItsBasesVersion) {
+  at::Tensor eager = at::zeros({2, 3});
+  at::Tensor coexec = at::zeros({2, 3});
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 5; ++i) {
+    eager.view({6}).add_(at::ones({6}), 1.0 + i);
+    is.begin_iteration();
+    at::Tensor v = is.aten(op("aten::view", ""), {coexec, std::vector<int64_t>{6}}, false,
+                           {coexec.view({6})})[0];
+    is.aten(op("aten::add_", "Tensor"), {v, at::ones({6}), 1.0 + i}, false, {});
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager, coexec));
+  EXPECT_EQ(eager._version(), coexec._version());
+  EXPECT_GE(runner.replay_counts().iterations, 3u);
+}
+
+TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
+  at::manual_seed(4);
+  SgdProgram eager, coexec;
+  coexec.w = eager.w.detach().clone().requires_grad_();
+  coexec.x = eager.x.clone();
+  int eager_calls = 0, coexec_calls = 0;
+  eager.w.register_hook([&](const at::Tensor& g) { ++eager_calls; return g * 2; });
+  coexec.w.register_hook([&](const at::Tensor& g) { ++coexec_calls; return g * 2; });
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor s = at::randn({5, 3});
+    eager.eager_step(0.05, s, true);
+    coexec.issue_step(is, 0.05, s.clone(), true);
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_EQ(eager_calls, coexec_calls);
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.iterations, 0u);
+  EXPECT_GE(c.refused, 1u);
+  EXPECT_EQ(c.last_refusal, "a hook in the backward");
+}
+
+TEST(BlockReplay, AProgramThatWaitsBeforeTheBackwardGetsTheAutogradRoute) {
+  // The program fetches the loss before it calls backward: the GraphRunner cannot know yet that
+  // the backward will come, so the forward must build eager's autograd graph.
+  at::manual_seed(5);
+  SgdProgram eager, coexec;
+  coexec.w = eager.w.detach().clone().requires_grad_();
+  coexec.x = eager.x.clone();
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor s = at::randn({5, 3});
+    eager.eager_step(0.05, s, true);
+    is.begin_iteration();
+    is.grad_write_none(coexec.w);
+    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
+    at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    at::Tensor m = is.aten(op("aten::mul", "Tensor"), {h, s.clone()}, true, {h_like})[0];
+    at::Tensor loss = is.aten(op("aten::sum", ""), {m, c10::IValue()}, true, {h_like.sum()})[0];
+    if (i >= 2) {
+      runner.wait_for(is.last());  // `loss.item()` before `loss.backward()`
+      EXPECT_TRUE(resolve_placeholder(loss).requires_grad()) << i;
+    }
+    is.backward(loss);
+    at::Tensor g = is.grad_read(coexec.w, coexec.w.detach());
+    is.aten(op("aten::add_", "Tensor"), {coexec.w, g, -0.05}, false, {});
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  const auto c = runner.replay_counts();
+  EXPECT_GE(c.left, 1u);
+  EXPECT_EQ(c.last_left, "blocked");
+}
+
+}  // namespace
+}  // namespace terra::runtime
