@@ -32,6 +32,7 @@ nlohmann::json stats_with_replay(const terra::runtime::Graph& g) {
   j["blocks_one_thread"] = c.one_thread;
   j["blocks_refused"] = c.refused;
   j["replay_refusal"] = c.last_refusal;
+  j["items_bound"] = c.bound;
   j["replays_left"] = c.left;
   j["replay_left_why"] = c.last_left;
   return j;
@@ -168,6 +169,7 @@ PYBIND11_MODULE(_C, m) {
     d["blocks_refused"] = c.refused;
     d["blocks_one_thread"] = c.one_thread;
     d["last_refusal"] = c.last_refusal;
+    d["items_bound"] = c.bound;
     d["replays_left"] = c.left;
     d["last_left"] = c.last_left;
     return d;

@@ -29,6 +29,7 @@ namespace {
 constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
 
 thread_local BlockRecorder* t_recorder = nullptr;
+thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
 
 bool decomposes(const c10::OperatorHandle& op) {
@@ -43,6 +44,14 @@ bool decomposes(const c10::OperatorHandle& op) {
 
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
+  if (BlockReplayer* b = t_binder; b && t_depth == 0 && !decomposes(op)) {
+    ++t_depth;
+    struct Depth {
+      ~Depth() { --t_depth; }
+    } depth;
+    b->bind_kernel(op, below, stack);
+    return;
+  }
   BlockRecorder* r = t_recorder;
   // An op that decomposes (CompositeImplicitAutograd: reached here when it is called below
   // autograd) is not a kernel: what it calls is recorded instead. Its schema need not say what
@@ -893,10 +902,69 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
   return true;
 }
 
+void BlockReplayer::load(const ItemPlan& p, WorkItem& item) {
+  for (const ItemPlan::Load& l : p.loads) table_[l.id] = item_arg(item, l.arg, l.elem);
+}
+
+void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                torch::jit::Stack* stack) {
+  if (!bind_ok_ || bind_cursor_ >= bind_end_ || !(*block_->kernels[bind_cursor_].op == op)) {
+    bind_ok_ = false;
+    op.redispatchBoxed(keys, stack);
+    return;
+  }
+  const RecordedKernel& k = block_->kernels[bind_cursor_++];
+  op.redispatchBoxed(keys, stack);
+  for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
+  for (uint32_t id : k.release) table_[id] = c10::IValue();
+}
+
+bool BlockReplayer::bind(WorkItem& item, const std::function<void(WorkItem&)>& execute) {
+  const Block& block = *block_;
+  const ItemPlan& p = block.items[next_];
+  load(p, item);
+  bind_cursor_ = p.kernels_begin;
+  bind_end_ = p.kernels_end;
+  bind_ok_ = true;
+  {
+    c10::impl::IncludeDispatchKeyGuard include(kRecordKey);
+    BlockReplayer* previous = t_binder;
+    t_binder = this;
+    struct Restore {
+      BlockReplayer* previous;
+      ~Restore() { t_binder = previous; }
+    } restore{previous};
+    execute(item);
+  }
+  ++next_;
+  if (!bind_ok_ || bind_cursor_ != bind_end_) return false;
+  if (p.kind == OpKind::GradRead && p.out_table >= 0 && !item.outs.empty() && item.outs[0])
+    table_[static_cast<uint32_t>(p.out_table)] = item.outs[0]->value;
+  for (uint32_t id : p.release) table_[id] = c10::IValue();
+  return true;
+}
+
+void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const at::Tensor& r : roots) {
+    auto edge = torch::autograd::impl::gradient_edge(r);
+    if (edge.function) todo.push_back(edge.function.get());
+  }
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    n->release_variables();
+    for (const torch::autograd::Edge& e : n->next_edges())
+      if (e.function) todo.push_back(e.function.get());
+  }
+}
+
 void BlockReplayer::run(WorkItem& item) {
   const Block& block = *block_;
   const ItemPlan& p = block.items[next_++];
-  for (const ItemPlan::Load& l : p.loads) table_[l.id] = item_arg(item, l.arg, l.elem);
+  load(p, item);
   switch (p.kind) {
     case OpKind::GradRead: {
       run_grad_read(item);

@@ -197,6 +197,18 @@ class BlockReplayer {
   bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
   void run(WorkItem& item);
+  // Binding: the next item (which must follow) runs through autograd as usual (`execute`), and
+  // the backend kernels it reaches are matched, in order, with the recorded ones, their outputs
+  // taking the recorded ones' places in the table, so that a later replayed item (the backward)
+  // reads them. Used where the program waits for a value before the block's backward is issued:
+  // the forward then builds eager's autograd graph, and the backward and the optimizer are still
+  // replayed. False: the kernels did not match (the rest of the iteration runs op by op).
+  bool bind(WorkItem& item, const std::function<void(WorkItem&)>& execute);
+  // The hook's side of binding (block_replay.cpp).
+  void bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+  // After a replayed backward whose forward was bound: frees the saved tensors of the autograd
+  // graph behind `roots`, as eager's backward does (a second backward raises as in eager).
+  static void release_graph(const std::vector<at::Tensor>& roots);
   uint32_t next() const { return next_; }
   const Block* block() const { return block_; }
   uint64_t kernels() const { return kernels_; }
@@ -206,8 +218,11 @@ class BlockReplayer {
   at::Tensor tensor(const Ref& r) const;
   // The tensor of leaf `leaf` (from the table or, not replayed yet, its item).
   at::Tensor leaf_tensor(uint32_t leaf, const std::function<const WorkItem*(uint32_t)>& earlier) const;
+  void load(const ItemPlan& p, WorkItem& item);
   const Block* block_ = nullptr;
   uint32_t next_ = 0;
+  uint32_t bind_cursor_ = 0, bind_end_ = 0;  // binding: the next recorded kernel, the item's end
+  bool bind_ok_ = true;
   std::vector<c10::IValue> table_;
   c10::intrusive_ptr<torch::autograd::Node> freed_;  // the grad_fn of outputs (see the header)
   uint64_t kernels_ = 0;

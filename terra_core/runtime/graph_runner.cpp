@@ -119,9 +119,12 @@ struct BlockStore {
   // the last sequence number looked ahead at.
   std::vector<uint64_t> seqs;
   uint64_t scanned = 0;
+  bool binding = false;  // the forward's items run through autograd, bound to the block
+  bool bound = false;    // some item of this iteration was bound
   void abandon() {
     seqs.clear();
     scanned = 0;
+    binding = bound = false;
     recorder.reset();
     replayer.finish();
     state = State::PerOp;
@@ -283,6 +286,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.one_thread += c.one_thread;
     total.refused += c.refused;
     total.left += c.left;
+    total.bound += c.bound;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -336,13 +340,20 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     return leave("item");
   if (index == b.seqs.size()) b.seqs.push_back(seq);
   const ItemPlan& p = b.replayer.block()->items[index];
+  // Binding (the program waited before the block's backward was issued): the forward's items run
+  // through autograd with their kernels bound to the block, until an item without autograd
+  // history (the backward) is replayed again.
+  if (b.binding && p.autograd) return bind(item, b);
+  b.binding = false;
+  if (p.kind == OpKind::Backward && !b.replayer.grads_as_recorded(index, earlier))
+    return leave("grads", true);
   if (p.autograd) {
     // Replayed below autograd only once the backward that consumes its history is issued and
     // everything up to it follows the block: the program cannot leave the block before that.
     // Control items between the block's items are not part of it.
     while (b.seqs.size() <= p.covered_by) {
       const uint64_t s = std::max(b.scanned, seq) + 1;
-      if (!await_published(s)) return leave("blocked");
+      if (!await_published(s)) return bind(item, b);
       b.scanned = s;
       const WorkItem& w = ring_[(s - 1) % ring_.size()];
       if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
@@ -356,10 +367,34 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   }
   const uint64_t before = b.replayer.kernels();
   b.replayer.run(item);
+  if (p.kind == OpKind::Backward && b.bound) {
+    // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
+    // tensors are freed.
+    BlockReplayer::release_graph(tensors_of(item.args.at(0)));
+    b.bound = false;
+  }
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[item.graph];
   ++c.items;
   c.kernels += b.replayer.kernels() - before;
+  return true;
+}
+
+bool GraphRunner::bind(WorkItem& item, BlockStore& b) {
+  b.binding = true;
+  b.bound = true;
+  const bool ok = b.replayer.bind(item, [this](WorkItem& w) { run_per_op(w, nullptr); });
+  {
+    std::lock_guard<std::mutex> lock(counts_mutex_);
+    ReplayCounts& c = counts_[item.graph];
+    ++c.bound;
+  }
+  if (!ok) {
+    // The kernels did not match the recorded ones: the item ran (op by op, through autograd), and
+    // so does the rest of the iteration.
+    b.replayer.finish();
+    b.state = BlockStore::State::PerOp;
+  }
   return true;
 }
 

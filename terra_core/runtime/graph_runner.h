@@ -150,6 +150,7 @@ class GraphRunner {
     uint64_t one_thread = 0;  // of which replayed with one intra-op thread (block_replay.h)
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
+    uint64_t bound = 0;       // items run through autograd with their kernels bound to a block
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
     // did not follow), "blocked" (the program waited before the block's backward was issued).
@@ -169,6 +170,7 @@ class GraphRunner {
   // replays `item` if it follows the block (false: run it op by op).
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
+  bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
   void end_iteration();
   // Waits until item `seq` is published; false where the Python thread waits for the GraphRunner
   // meanwhile (it will publish nothing more until then) or the runner stops.

@@ -72,15 +72,16 @@ def test_replay_off_keeps_the_autograd_route():
     assert s["iterations_replayed"] == 0 and s["blocks_recorded"] == 0, s
 
 
-def test_a_fetch_before_the_backward_keeps_the_autograd_route():
+def test_a_fetch_before_the_backward_runs_the_forward_through_autograd():
     # `loss.item()` before `loss.backward()`: when the program waits, the GraphRunner cannot know
-    # that the backward will follow, so the forward builds eager's autograd graph.
+    # that the backward will follow, so the forward builds eager's autograd graph (its kernels
+    # bound to the block); the backward and the optimizer are still replayed.
     eager = train(20, fetch_before_backward=True)
     coexec = terra.run(train, 20, fetch_before_backward=True)
     assert same_state(eager, coexec)
     s = terra.stats("train")
     assert s["iterations_coexecuted"] >= 10, s
-    assert s["replays_left"] >= 5 and s["replay_left_why"] == "blocked", s
+    assert s["items_bound"] >= 5 and s["iterations_replayed"] >= 5, s
 
 
 def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():

@@ -264,9 +264,10 @@ TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
   EXPECT_EQ(c.last_refusal, "a hook in the backward");
 }
 
-TEST(BlockReplay, AProgramThatWaitsBeforeTheBackwardGetsTheAutogradRoute) {
+TEST(BlockReplay, AProgramThatWaitsBeforeTheBackwardRunsItsForwardThroughAutograd) {
   // The program fetches the loss before it calls backward: the GraphRunner cannot know yet that
-  // the backward will come, so the forward must build eager's autograd graph.
+  // the backward will come, so the forward must build eager's autograd graph. Its kernels are
+  // bound to the block, and the backward and the update are still replayed.
   at::manual_seed(5);
   SgdProgram eager, coexec;
   coexec.w = eager.w.detach().clone().requires_grad_();
@@ -295,8 +296,39 @@ TEST(BlockReplay, AProgramThatWaitsBeforeTheBackwardGetsTheAutogradRoute) {
   ASSERT_FALSE(runner.failed());
   EXPECT_TRUE(same(eager.w, coexec.w));
   const auto c = runner.replay_counts();
-  EXPECT_GE(c.left, 1u);
-  EXPECT_EQ(c.last_left, "blocked");
+  EXPECT_EQ(c.left, 0u) << c.last_left;
+  EXPECT_GE(c.bound, 4u * 3u);  // mm, mul, sum in each iteration that waited
+  EXPECT_EQ(c.iterations, 5u);
+}
+
+TEST(BlockReplay, ASecondBackwardThroughABoundForwardRaisesAsInEager) {
+  at::manual_seed(6);
+  SgdProgram coexec;
+  GraphRunner runner;
+  Issuer is(runner);
+  at::Tensor kept;
+  for (int i = 0; i < 4; ++i) {
+    is.begin_iteration();
+    is.grad_write_none(coexec.w);
+    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
+    at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    at::Tensor loss = is.aten(op("aten::sum", ""), {h, c10::IValue()}, true, {h_like.sum()})[0];
+    if (i >= 1) runner.wait_for(is.last());
+    is.backward(loss);
+    is.end_iteration();
+    kept = loss;
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_GE(runner.replay_counts().bound, 2u);
+  at::Tensor value = resolve_placeholder(kept);
+  ASSERT_TRUE(value.requires_grad());
+  try {
+    torch::autograd::backward({value});
+    FAIL() << "a second backward through the iteration's graph did not raise";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
