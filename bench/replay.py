@@ -18,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,8 +61,12 @@ MODES = ("eager", "replay", "autograd")
 
 
 def child(mode, width, threads, steps):
-    r = subprocess.run([sys.executable, "-c", CHILD, mode, str(width), str(threads), str(steps)],
-                       capture_output=True, text=True, timeout=600)
+    # From a file, not `-c`: terra.run marks loop iterations from the function's source.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "replay_child.py"
+        script.write_text(CHILD)
+        r = subprocess.run([sys.executable, str(script), mode, str(width), str(threads), str(steps)],
+                           capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} child failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -221,6 +221,21 @@ def test_eager_by_choice_is_reported_and_switchable(kc):
     assert "adaptive = off" in ok(kc, "%terra config")
 
 
+def test_replay_is_a_setting_and_replayed_iterations_are_shown(kc):
+    out = ok(kc, TRAIN.format(steps=30, extra=""))
+    status = ok(kc, "%terra status")
+    assert "replayed" in status, status
+    assert "replay = on" in ok(kc, "%terra config")
+    ok(kc, "%terra config replay=off")
+    try:
+        assert "replay = off" in ok(kc, "%terra config")
+        assert ok(kc, "import terra; print(terra.config()['replay'])").strip() == "False"
+    finally:
+        ok(kc, "%terra config replay=on")
+    assert "replay = on" in ok(kc, "%terra config")
+    assert out is not None
+
+
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_corpus_as_notebook_cells(kc, name):
     source = (ROOT / "tests" / "programs" / f"{name}.py").read_text()

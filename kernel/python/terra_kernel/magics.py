@@ -38,9 +38,10 @@ SETTINGS = {
     "max_divergences": "fallbacks at one iteration start before it stays eager",
     "max_nodes": "TraceGraph nodes past which a graph stays eager",
     "adaptive": "time co-execution against eager execution and run the faster (on/off)",
+    "replay": "replay recorded iterations below autograd in the GraphRunner (on/off)",
     "summary": "print a one-line summary after each co-executed cell (on/off)",
 }
-BOOLEAN_SETTINGS = ("adaptive", "summary")
+BOOLEAN_SETTINGS = ("adaptive", "replay", "summary")
 
 
 def _bool(text):

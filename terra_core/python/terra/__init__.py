@@ -281,6 +281,8 @@ def config(**settings):
     """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled, adaptive (time
     co-execution against eager execution and run the faster; TERRA_ADAPTIVE=0 turns it off by
     default), payoff_margin (co-execution is kept while it takes at most 1 + margin times
-    eager's time) and payoff_check_budget (the faster mode is held long enough that re-timing
-    the slower one costs at most this share of the time; default 0.03)."""
+    eager's time), payoff_check_budget (the faster mode is held long enough that re-timing
+    the slower one costs at most this share of the time; default 0.03) and replay (the
+    GraphRunner replays recorded iterations below autograd; TERRA_REPLAY=0 turns it off by
+    default)."""
     return _c().policy(**settings)
