@@ -686,7 +686,8 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
       if (t.defined() && m.item_autograd) {
         auto fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (fn) {
-          m.pending.emplace_back(m.index, t.grad_fn());
+          // Not grad_fn(): that accessor re-checks views made under no_grad and may raise.
+          m.pending.emplace_back(m.index, c10::intrusive_ptr<torch::autograd::Node>::reclaim_copy(fn));
           history = true;
         } else if (t.requires_grad() && r.kind == Ref::Kind::Value && !m.is_load[r.id]) {
           return refuse("makes a leaf that requires grad");
