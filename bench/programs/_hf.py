@@ -61,3 +61,8 @@ def lm_step(state, ctx, batch, clip=False):
     starts = torch.randint(0, state["stream"].shape[0] - ctx, (batch,))
     x = state["stream"][starts[:, None] + torch.arange(ctx)[None, :]]
     return update(state, state["model"](input_ids=x, labels=x).loss, clip)
+
+
+def lm_jit_targets(vocab, batch, ctx):
+    """What the TorchScript modes compile for a language model: the model on one batch of ids."""
+    return {"model": (torch.randint(0, vocab, (batch, ctx)),)}

@@ -22,19 +22,19 @@ using terra::runtime::PythonRunner;
 
 namespace {
 
-// A graph's counters (stats_json) with what block replay did with its iterations (block_replay.h).
+// What block replay did (block_replay.h), for one graph or the whole process.
+nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
+  return {{"iterations_replayed", c.iterations}, {"items_replayed", c.items},
+          {"kernels_replayed", c.kernels},       {"blocks_recorded", c.recorded},
+          {"blocks_one_thread", c.one_thread},   {"blocks_refused", c.refused},
+          {"replay_refusal", c.last_refusal},    {"items_bound", c.bound},
+          {"replays_left", c.left},              {"replay_left_why", c.last_left}};
+}
+
+// A graph's counters (stats_json) with what block replay did with its iterations.
 nlohmann::json stats_with_replay(const terra::runtime::Graph& g) {
   nlohmann::json j = terra::runtime::stats_json(g);
-  const auto c = terra::runtime::PythonRunner::instance().runner().replay_counts(g.serial);
-  j["iterations_replayed"] = c.iterations;
-  j["kernels_replayed"] = c.kernels;
-  j["blocks_recorded"] = c.recorded;
-  j["blocks_one_thread"] = c.one_thread;
-  j["blocks_refused"] = c.refused;
-  j["replay_refusal"] = c.last_refusal;
-  j["items_bound"] = c.bound;
-  j["replays_left"] = c.left;
-  j["replay_left_why"] = c.last_left;
+  j.update(replay_json(terra::runtime::PythonRunner::instance().runner().replay_counts(g.serial)));
   return j;
 }
 
@@ -157,22 +157,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
   m.def("runner_counts", [] {
-    py::dict d;
     auto& r = R().runner();
-    d["ops_autograd"] = r.ops_autograd();
-    d["ops_below_autograd"] = r.ops_below_autograd();
-    const auto c = r.replay_counts();
-    d["iterations_replayed"] = c.iterations;
-    d["items_replayed"] = c.items;
-    d["kernels_replayed"] = c.kernels;
-    d["blocks_recorded"] = c.recorded;
-    d["blocks_refused"] = c.refused;
-    d["blocks_one_thread"] = c.one_thread;
-    d["last_refusal"] = c.last_refusal;
-    d["items_bound"] = c.bound;
-    d["replays_left"] = c.left;
-    d["last_left"] = c.last_left;
-    return d;
+    nlohmann::json j = replay_json(r.replay_counts());
+    j["ops_autograd"] = r.ops_autograd();
+    j["ops_below_autograd"] = r.ops_below_autograd();
+    return to_python(j);
   }, "ATen ops the GraphRunner executed through autograd and below it, and what block replay did "
         "(iterations, items and kernels replayed, blocks recorded and refused), since the process started.");
   m.def("materialize", [](py::object t) {

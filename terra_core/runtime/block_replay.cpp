@@ -1,5 +1,6 @@
 #include "block_replay.h"
 
+#include "backward_hooks.h"
 #include "graph_runner.h"
 #include "op_template.h"
 #include "placeholder.h"
@@ -76,20 +77,19 @@ const c10::DispatchKeySet kUnreplayableKeys({c10::DispatchKey::Conjugate, c10::D
                                              c10::DispatchKey::Functionalize,
                                              c10::DispatchKey::PythonTLSSnapshot});
 
-// Two Python numbers (or constants) are the same argument: bitwise for floats (-0.0 is not 0.0).
-bool same_constant(const c10::IValue& a, const c10::IValue& b) {
+// Two Python numbers (or constants) of a call are the same argument: floats bitwise (-0.0 is not
+// 0.0, a kernel may tell them apart), everything else as validation compares constants.
+bool same_number(const c10::IValue& a, const c10::IValue& b) {
   if (a.isDouble() && b.isDouble()) {
     const double x = a.toDouble(), y = b.toDouble();
     return std::memcmp(&x, &y, sizeof x) == 0;
   }
-  if (a.isDouble() != b.isDouble()) return false;
-  if (a.isComplexDouble() || b.isComplexDouble()) {
-    if (!a.isComplexDouble() || !b.isComplexDouble()) return false;
+  if (a.isComplexDouble() && b.isComplexDouble()) {
     const auto x = a.toComplexDouble(), y = b.toComplexDouble();
     return std::memcmp(&x, &y, sizeof x) == 0;
   }
-  if (a.tagKind() != b.tagKind()) return false;
-  return a == b;
+  if (a.isDouble() != b.isDouble() || a.isComplexDouble() != b.isComplexDouble()) return false;
+  return same_constant(a, b);
 }
 
 struct StorageKey {
@@ -107,33 +107,26 @@ struct StorageKey {
   }
 };
 
-bool is_python_node(const torch::autograd::Node& n) {
-  return std::strstr(typeid(n).name(), "PyNode") != nullptr;
+// Where a backward from `roots` starts: their grad_fn, or a leaf root's gradient accumulator.
+std::vector<torch::autograd::Node*> root_nodes(const std::vector<at::Tensor>& roots) {
+  std::vector<torch::autograd::Node*> nodes;
+  for (const at::Tensor& r : roots) {
+    auto edge = torch::autograd::impl::gradient_edge(r);
+    if (edge.function) nodes.push_back(edge.function.get());
+  }
+  return nodes;
 }
 
 // A copy of an argument for a kernel to write without touching the original: tensors cloned
 // with their strides (so the kernel takes the same path); tensors with internal overlap, which
 // no kernel may write, and everything else shared.
 c10::IValue deep_copy(const c10::IValue& v) {
-  auto copy = [](const at::Tensor& t) {
+  return map_tensors(v, [](const at::Tensor& t) {
     if (!t.defined() || at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
     at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
     c.copy_(t);
     return c;
-  };
-  if (v.isTensor()) return copy(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(copy(t));
-    return out;
-  }
-  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
-    auto in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    for (const c10::IValue& e : in) out.push_back(e.isTensor() ? c10::IValue(copy(e.toTensor())) : e);
-    return out;
-  }
-  return v;
+  });
 }
 
 torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
@@ -155,22 +148,7 @@ torch::jit::Stack generic_copy(const torch::jit::Stack& s) {
     return c;
   };
   torch::jit::Stack out;
-  for (const c10::IValue& v : s) {
-    if (v.isTensor()) {
-      out.push_back(fill(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> l;
-      for (const at::Tensor& t : v.toTensorList()) l.push_back(fill(t));
-      out.push_back(l);
-    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
-      auto in = v.toList();
-      c10::impl::GenericList l(in.elementType());
-      for (const c10::IValue& e : in) l.push_back(e.isTensor() ? c10::IValue(fill(e.toTensor())) : e);
-      out.push_back(l);
-    } else {
-      out.push_back(v);
-    }
-  }
+  for (const c10::IValue& v : s) out.push_back(map_tensors(v, fill));
   return out;
 }
 
@@ -198,12 +176,7 @@ bool bitwise_equal(const c10::IValue& a, const c10::IValue& b) {
       if (!bitwise_equal(x.get(i), y.get(i))) return false;
     return true;
   }
-  return same_constant(a, b);
-}
-
-bool has_hooks(torch::autograd::Node& n) {
-  return !n.pre_hooks().empty() || !n.tensor_pre_hooks().empty() || !n.retains_grad_hooks().empty() ||
-         !n.post_hooks().empty();
+  return same_number(a, b);
 }
 
 }  // namespace
@@ -224,13 +197,12 @@ struct BlockRecorder::Impl {
   std::vector<std::pair<uint32_t, uint32_t>> load_at;  // by table index: (item, load) of a load
   std::unordered_set<const c10::TensorImpl*> made;     // tensors a kernel or item made
 
-  // Reads of table entries: (time, item index, kernel index or -1) of the last one.
+  // The last read of each table entry: by item `item`, in its kernel `kernel` (-1: after its
+  // kernels, as an output or a gradient effect). Reads come in order, so the last one wins.
   struct Read {
-    uint64_t time = 0;
     int64_t item = -1, kernel = -1;
   };
   std::vector<Read> last_read;
-  uint64_t time = 0;
 
   // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
   // and the CPU generator's state before it ran.
@@ -253,7 +225,6 @@ struct BlockRecorder::Impl {
     uint32_t leaf;
     at::Tensor variable;
     const c10::TensorImpl* before;  // kept from reuse by `kept`
-    uint32_t version;
   };
   std::vector<LeafGrad> leaves;
   std::unordered_set<const torch::autograd::Node*> reached;
@@ -276,7 +247,7 @@ struct BlockRecorder::Impl {
 
   void read(const Ref& r, int64_t kernel) {
     if (r.kind == Ref::Kind::Value) {
-      last_read[r.id] = {time, index, kernel};
+      last_read[r.id] = {index, kernel};
     } else if (r.kind == Ref::Kind::Grad) {
       read(block.leaves[r.id], kernel);
     } else if (r.kind == Ref::Kind::List) {
@@ -313,8 +284,6 @@ BlockRecorder::BlockRecorder(uint64_t graph) : impl_(std::make_unique<Impl>()) {
 
 BlockRecorder::~BlockRecorder() = default;
 
-BlockRecorder* BlockRecorder::current() { return t_recorder; }
-void BlockRecorder::set_current(BlockRecorder* r) { t_recorder = r; }
 
 void BlockRecorder::refuse(std::string why) {
   if (why_.empty()) why_ = std::move(why);
@@ -331,7 +300,6 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
   m.item_autograd = autograd;
   m.first_kernel = true;
   m.feeds.clear();
-  ++m.time;
   ItemPlan p;
   p.kind = item.kind;
   p.node = item.node;
@@ -400,7 +368,6 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   RecordedKernel k;
   k.op = &op;
   k.keys = keys;
-  ++m.time;
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
   // autograd may have kept them for the backward (then they are guarded instead).
@@ -590,50 +557,44 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
   Impl& m = *impl_;
   m.leaves.clear();
   m.reached.clear();
-  std::vector<torch::autograd::Node*> todo;
-  for (const at::Tensor& r : roots) {
-    auto edge = torch::autograd::impl::gradient_edge(r);
-    if (edge.function) todo.push_back(edge.function.get());
-  }
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (!m.reached.insert(n).second) continue;
-    if (is_python_node(*n)) return refuse("Python in the backward");
-    if (has_hooks(*n)) return refuse("a hook in the backward");
-    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(n)) {
-      const at::Tensor& v = acc->variable;
-      if (torch::autograd::impl::post_acc_grad_hooks(v)) return refuse("a post-accumulate-grad hook");
-      Ref leaf;
-      if (!m.ref_of(v, &leaf) || leaf.kind != Ref::Kind::Value || leaf.elem >= 0 || !m.is_load[leaf.id])
-        return refuse("a leaf no item names");
-      Impl::LeafGrad g;
-      g.leaf = static_cast<uint32_t>(m.block.leaves.size());
-      g.variable = v;
-      const at::Tensor& grad = v.grad();
-      g.before = grad.defined() ? grad.unsafeGetTensorImpl() : nullptr;
-      if (grad.defined()) m.kept.emplace_back(grad.getIntrusivePtr());
-      g.version = grad.defined() ? grad._version() : 0;
-      m.block.leaves.push_back(leaf);
-      m.block.leaf_loads.push_back(m.load_at[leaf.id]);
-      if (grad.defined() && !m.by_impl.count(g.before)) {
-        Ref r;
-        r.kind = Ref::Kind::Grad;
-        r.id = g.leaf;
-        m.remember(grad, r);
-      }
-      m.leaves.push_back(std::move(g));
+  walk_autograd_graph(root_nodes(roots), [&](torch::autograd::Node& n) {
+    m.reached.insert(&n);
+    // Retain-grad hooks too: they store a non-leaf's gradient, an effect the replay would lack.
+    if (node_runs_python(n) || !n.retains_grad_hooks().empty()) {
+      refuse("a hook or Python code in the backward");
+      return false;
     }
-    for (const torch::autograd::Edge& e : n->next_edges())
-      if (e.function) todo.push_back(e.function.get());
-  }
+    auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(&n);
+    if (!acc) return true;
+    const at::Tensor& v = acc->variable;
+    Ref leaf;
+    if (!m.ref_of(v, &leaf) || leaf.kind != Ref::Kind::Value || leaf.elem >= 0 || !m.is_load[leaf.id]) {
+      refuse("a leaf no item names");
+      return false;
+    }
+    Impl::LeafGrad g;
+    g.leaf = static_cast<uint32_t>(m.block.leaves.size());
+    g.variable = v;
+    const at::Tensor& grad = v.grad();
+    g.before = grad.defined() ? grad.unsafeGetTensorImpl() : nullptr;
+    if (grad.defined()) m.kept.emplace_back(grad.getIntrusivePtr());
+    m.block.leaves.push_back(leaf);
+    m.block.leaf_loads.push_back(m.load_at[leaf.id]);
+    if (grad.defined() && !m.by_impl.count(g.before)) {
+      Ref r;
+      r.kind = Ref::Kind::Grad;
+      r.id = g.leaf;
+      m.remember(grad, r);
+    }
+    m.leaves.push_back(std::move(g));
+    return true;
+  });
 }
 
 void BlockRecorder::after_backward() {
   if (refused()) return;
   Impl& m = *impl_;
   ItemPlan& p = m.block.items.back();
-  ++m.time;
   for (const Impl::LeafGrad& g : m.leaves) {
     const at::Tensor& grad = g.variable.grad();
     p.leaf_states.push_back({g.leaf, g.before != nullptr, grad.defined()});
@@ -665,7 +626,6 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
   if (refused()) return;
   Impl& m = *impl_;
   ItemPlan& p = m.block.items.back();
-  ++m.time;
   if (item.kind == OpKind::GradRead) {
     if (!returns.empty() && returns[0].defined()) {
       const uint32_t id = m.new_id(false);
@@ -884,7 +844,7 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
   if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
   if (item.autocast.cpu || item.autocast.cuda || item.inference_mode || item.stream) return false;
   for (const auto& [arg, recorded] : p.guards)
-    if (arg >= item.args.size() || !same_constant(item.args[arg], recorded)) return false;
+    if (arg >= item.args.size() || !same_number(item.args[arg], recorded)) return false;
   for (const ItemPlan::Load& l : p.loads) {
     if (l.same_item < 0) continue;
     const auto j = static_cast<uint32_t>(l.same_item);
@@ -946,20 +906,10 @@ bool BlockReplayer::bind(WorkItem& item, const std::function<void(WorkItem&)>& e
 }
 
 void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
-  std::vector<torch::autograd::Node*> todo;
-  std::unordered_set<torch::autograd::Node*> seen;
-  for (const at::Tensor& r : roots) {
-    auto edge = torch::autograd::impl::gradient_edge(r);
-    if (edge.function) todo.push_back(edge.function.get());
-  }
-  while (!todo.empty()) {
-    torch::autograd::Node* n = todo.back();
-    todo.pop_back();
-    if (!seen.insert(n).second) continue;
-    n->release_variables();
-    for (const torch::autograd::Edge& e : n->next_edges())
-      if (e.function) todo.push_back(e.function.get());
-  }
+  walk_autograd_graph(root_nodes(roots), [](torch::autograd::Node& n) {
+    n.release_variables();
+    return true;
+  });
 }
 
 void BlockReplayer::run(WorkItem& item) {
@@ -974,11 +924,6 @@ void BlockReplayer::run(WorkItem& item) {
     }
     case OpKind::GradWrite: run_grad_write(item); break;
     default: {
-      // Every kernel of the block computed the same with one intra-op thread when recorded: the
-      // GraphRunner then leaves the cores to the program thread instead of waking an OpenMP
-      // team that competes with it (on 2 cores: 3 threads for 2 cores).
-      if (block.one_thread && p.kernels_begin != p.kernels_end && at::get_num_threads() != 1)
-        at::set_num_threads(1);
       torch::jit::Stack stack;
       for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
         const RecordedKernel& k = block.kernels[ki];

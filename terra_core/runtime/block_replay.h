@@ -128,9 +128,10 @@ struct Block {
   uint32_t table_size = 0;
   // Every kernel, run again on copies of its arguments with one intra-op thread while recorded,
   // gave the same bits (and drew the same random numbers) as with the program's thread count:
-  // the block is replayed with one thread. Which code path a kernel takes depends on the shapes
-  // and the thread count, not on the values, and a different path (another split of a reduction,
-  // another vector/scalar boundary) shows in the bits of generic data.
+  // the GraphRunner replays the block with one thread (GraphRunner::use_threads). Which code
+  // path a kernel takes depends on the shapes and the thread count, not on the values, and a
+  // different path (another split of a reduction, another vector/scalar boundary) shows in the
+  // bits of generic data.
   bool one_thread = true;
 };
 
@@ -158,10 +159,6 @@ class BlockRecorder {
   const std::string& why() const { return why_; }
   // The finished block, or nullptr (refused; `why()` says why).
   std::unique_ptr<Block> finish();
-
-  // The recorder of the calling thread, if it records (the hook reads it).
-  static BlockRecorder* current();
-  static void set_current(BlockRecorder* r);
 
  private:
   struct Impl;

@@ -119,6 +119,8 @@ struct BlockStore {
   // the last sequence number looked ahead at.
   std::vector<uint64_t> seqs;
   uint64_t scanned = 0;
+  uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
+  uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
   void abandon() {
@@ -293,8 +295,23 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
   return total;
 }
 
+void GraphRunner::flush_counts() {
+  // Tallied per iteration in the BlockStore, not per item under the lock.
+  BlockStore& b = *blocks_;
+  const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
+  if (b.items == 0 && b.items_bound == 0 && kernels == 0) return;
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  ReplayCounts& c = counts_[b.graph];
+  c.items += b.items;
+  c.bound += b.items_bound;
+  c.kernels += kernels;
+  b.items = b.items_bound = 0;
+  b.kernels_counted = b.replayer.kernels();
+}
+
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
+  flush_counts();
   b.abandon();  // an iteration that ended without EndIteration (it diverged) is not a block
   b.iteration = item.iteration;
   b.graph = item.graph;
@@ -336,7 +353,8 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     return j < b.seqs.size() ? &ring_[(b.seqs[j] - 1) % ring_.size()] : nullptr;
   };
   const uint32_t index = b.replayer.next();
-  if (index < b.seqs.size() ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier))
+  const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
+  if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier))
     return leave("item");
   if (index == b.seqs.size()) b.seqs.push_back(seq);
   const ItemPlan& p = b.replayer.block()->items[index];
@@ -345,7 +363,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   // history (the backward) is replayed again.
   if (b.binding && p.autograd) return bind(item, b);
   b.binding = false;
-  if (p.kind == OpKind::Backward && !b.replayer.grads_as_recorded(index, earlier))
+  if (p.kind == OpKind::Backward && !looked_ahead && !b.replayer.grads_as_recorded(index, earlier))
     return leave("grads", true);
   if (p.autograd) {
     // Replayed below autograd only once the backward that consumes its history is issued and
@@ -365,7 +383,8 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
-  const uint64_t before = b.replayer.kernels();
+  if (p.kernels_begin != p.kernels_end)
+    use_threads(b.replayer.block()->one_thread ? 1 : item.num_threads);
   b.replayer.run(item);
   if (p.kind == OpKind::Backward && b.bound) {
     // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
@@ -373,22 +392,16 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     BlockReplayer::release_graph(tensors_of(item.args.at(0)));
     b.bound = false;
   }
-  std::lock_guard<std::mutex> lock(counts_mutex_);
-  ReplayCounts& c = counts_[item.graph];
-  ++c.items;
-  c.kernels += b.replayer.kernels() - before;
+  ++b.items;
   return true;
 }
 
 bool GraphRunner::bind(WorkItem& item, BlockStore& b) {
   b.binding = true;
   b.bound = true;
+  use_threads(item.num_threads);
   const bool ok = b.replayer.bind(item, [this](WorkItem& w) { run_per_op(w, nullptr); });
-  {
-    std::lock_guard<std::mutex> lock(counts_mutex_);
-    ReplayCounts& c = counts_[item.graph];
-    ++c.bound;
-  }
+  ++b.items_bound;
   if (!ok) {
     // The kernels did not match the recorded ones: the item ran (op by op, through autograd), and
     // so does the rest of the iteration.
@@ -400,6 +413,7 @@ bool GraphRunner::bind(WorkItem& item, BlockStore& b) {
 
 void GraphRunner::end_iteration() {
   BlockStore& b = *blocks_;
+  flush_counts();
   if (b.state == BlockStore::State::Recording && b.recorder && b.entry) {
     std::unique_ptr<Block> block = b.recorder->finish();
     std::lock_guard<std::mutex> lock(counts_mutex_);
@@ -467,6 +481,7 @@ void GraphRunner::loop() {
       } catch (...) {
         error_ = {std::current_exception(), item.node};
         failed_.store(true, std::memory_order_release);
+        flush_counts();
         blocks_->abandon();  // a failed iteration is neither recorded nor replayed further
       }
       busy.end_ns = now_ns();
@@ -509,10 +524,6 @@ bool GraphRunner::run_control(const WorkItem& item) {
 void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   if (run_control(item)) return;
   advance_sequence(item.sequence_floor);
-  // Reductions split work by thread count: use the program thread's, so results are bitwise
-  // those of eager execution.
-  if (item.num_threads > 0 && at::get_num_threads() != item.num_threads)
-    at::set_num_threads(item.num_threads);
   streams_.use(item.stream);
   struct Publish {
     std::atomic<uint64_t>& to;
@@ -528,7 +539,14 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
   if (item.iteration != b.iteration) start_iteration(item, seq);
   if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
+  use_threads(item.num_threads);
   run_per_op(item, b.state == BlockStore::State::Recording ? b.recorder.get() : nullptr);
+}
+
+void GraphRunner::use_threads(int n) {
+  // Reductions split work by thread count: the program thread's, so results are bitwise those
+  // of eager execution (or one, where a replayed block was checked to give the same bits).
+  if (n > 0 && at::get_num_threads() != n) at::set_num_threads(n);
 }
 
 void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
@@ -555,15 +573,19 @@ void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
         item.op->callBoxed(&stack);
       }
       recording.reset();
-      std::vector<at::Tensor> outs;
+      size_t k = 0;
+      std::vector<at::Tensor> outs;  // for the recorder only
+      auto out = [&](const at::Tensor& t) {
+        fill_output(item, k++, t);
+        if (recorder) outs.push_back(t);
+      };
       for (const c10::IValue& r : stack) {
         if (r.isTensor()) {
-          outs.push_back(r.toTensor());
+          out(r.toTensor());
         } else if (r.isTensorList()) {
-          for (const at::Tensor& t : r.toTensorList()) outs.push_back(t);
+          for (const at::Tensor& t : r.toTensorList()) out(t);
         }
       }
-      for (size_t k = 0; k < outs.size(); ++k) fill_output(item, k, outs[k]);
       if (recorder) recorder->end_item(item, outs);
       break;
     }

@@ -171,6 +171,8 @@ class GraphRunner {
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
   bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
+  void flush_counts();                        // the iteration's tallies into counts_
+  void use_threads(int n);                    // intra-op threads for the next kernels
   void end_iteration();
   // Waits until item `seq` is published; false where the Python thread waits for the GraphRunner
   // meanwhile (it will publish nothing more until then) or the runner stops.

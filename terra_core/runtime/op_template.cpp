@@ -36,6 +36,22 @@ bool is_optional_tensor_list(const c10::IValue& v) {
   return true;
 }
 
+bool tensor_matches(const TensorMeta& m, bool wrapped, const at::Tensor& t) {
+  if (!t.defined()) return false;
+  if (wrapped) return t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == m.dtype;
+  return !t.unsafeGetTensorImpl()->is_wrapped_number() && m.matches(t);
+}
+
+bool has_bool_index(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toList())
+    if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
+      return true;
+  return false;
+}
+
+}  // namespace
+
 bool same_constant(const c10::IValue& a, const c10::IValue& b) {
   if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
   if (a.isInt() && b.isInt()) return a.toInt() == b.toInt();
@@ -63,22 +79,6 @@ bool same_constant(const c10::IValue& a, const c10::IValue& b) {
     return a.isTensor() && b.isTensor() && !a.toTensor().defined() && !b.toTensor().defined();
   return a.tagKind() == b.tagKind() && a == b;
 }
-
-bool tensor_matches(const TensorMeta& m, bool wrapped, const at::Tensor& t) {
-  if (!t.defined()) return false;
-  if (wrapped) return t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == m.dtype;
-  return !t.unsafeGetTensorImpl()->is_wrapped_number() && m.matches(t);
-}
-
-bool has_bool_index(const c10::IValue& v) {
-  if (!v.isList()) return false;
-  for (const c10::IValue& e : v.toList())
-    if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
-      return true;
-  return false;
-}
-
-}  // namespace
 
 uint64_t op_identity(OpKind kind, const c10::OperatorHandle* op) {
   if (kind == OpKind::Aten) return reinterpret_cast<uint64_t>(&op->schema());

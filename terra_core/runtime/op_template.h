@@ -25,6 +25,9 @@
 
 namespace terra::runtime {
 
+// Two structural constants of a call are the same (what validation requires of them).
+bool same_constant(const c10::IValue& a, const c10::IValue& b);
+
 // How a validated call is executed during co-execution.
 enum class ExecMode : uint8_t {
   Graph,      // issued to the GraphRunner; the program gets placeholders

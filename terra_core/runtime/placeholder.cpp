@@ -118,20 +118,7 @@ at::Tensor resolve_placeholder(const at::Tensor& t) {
 }
 
 c10::IValue resolve_placeholders(const c10::IValue& v) {
-  if (v.isTensor()) return resolve_placeholder(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(resolve_placeholder(t));
-    return out;
-  }
-  if (v.isList()) {  // e.g. Tensor?[] of index ops
-    auto in = v.toList();
-    c10::impl::GenericList out(in.elementType());
-    out.reserve(in.size());
-    for (const c10::IValue& e : in) out.push_back(resolve_placeholders(e));
-    return out;
-  }
-  return v;
+  return map_tensors(v, [](const at::Tensor& t) { return resolve_placeholder(t); });
 }
 
 }  // namespace terra::runtime

@@ -118,6 +118,27 @@ inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
 at::Tensor placeholder_value(const PlaceholderImpl& p);
 // A tensor, or the value of the placeholder it is (ready).
 at::Tensor resolve_placeholder(const at::Tensor& t);
+// `v` with every tensor in it (alone, in a tensor list, in a list such as Tensor?[]) replaced by
+// `f(tensor)`; anything else as it is.
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+    auto in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    out.reserve(in.size());
+    for (const c10::IValue& e : in) out.push_back(map_tensors(e, f));
+    return out;
+  }
+  return v;
+}
+
 // An argument with every placeholder in it (also inside tensor lists) replaced by its value;
 // the values must be ready.
 c10::IValue resolve_placeholders(const c10::IValue& v);
