@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fast_path.h"
 #include "graph.h"
 #include "python_runner.h"
 #include "timeline.h"
@@ -74,19 +75,29 @@ py::object wrap(const c10::IValue& v) {
 }
 
 // torch.autograd's engine entry, intercepted: `original` is torch's own function.
-py::object backward(py::object original, py::tuple t_outputs, py::tuple grad_tensors,
-                    bool retain_graph, bool create_graph, py::object inputs, py::kwargs kwargs) {
-  bool plain = (inputs.is_none() || py::len(inputs) == 0) &&
-               kwargs.attr("get")("accumulate_grad", true).cast<bool>();
+// torch.autograd's _engine_run_backward(t_outputs, grad_tensors, retain_graph, create_graph,
+// inputs, allow_unreachable, accumulate_grad), positional or keyword after the outputs:
+// `backward()` passes the last two as keywords, `torch.autograd.grad` passes allow_unreachable
+// positionally.
+py::object backward(py::object original, py::tuple t_outputs, py::args args, py::kwargs kwargs) {
+  auto arg = [&](size_t i, const char* name, py::object fallback) -> py::object {
+    if (i < args.size()) return args[i];
+    return kwargs.contains(name) ? py::object(kwargs[name]) : fallback;
+  };
+  const py::object inputs = arg(3, "inputs", py::none());
+  const bool plain = args.size() >= 3 && args.size() <= 5 &&
+                     (inputs.is_none() || py::len(inputs) == 0) &&
+                     arg(5, "accumulate_grad", py::bool_(true)).cast<bool>();
   if (!plain) {
     R().barrier("torch.autograd.grad and backward(inputs=...) run eagerly", "autograd.grad");
-    return original(t_outputs, grad_tensors, retain_graph, create_graph, inputs, **kwargs);
+    return original(t_outputs, *args, **kwargs);
   }
+  const py::tuple grad_tensors = args[0];
   torch::jit::Stack stack{tensor_list(t_outputs), optional_tensor_list(grad_tensors),
-                          c10::IValue(retain_graph), c10::IValue(create_graph)};
+                          c10::IValue(args[1].cast<bool>()), c10::IValue(args[2].cast<bool>())};
   py::object result = py::tuple();
   R().on_pseudo(OpKind::Backward, "backward", &stack, [&](torch::jit::Stack* s) {
-    result = original(t_outputs, grad_tensors, retain_graph, create_graph, inputs, **kwargs);
+    result = original(t_outputs, *args, **kwargs);
     s->clear();
   });
   return result;
@@ -203,6 +214,7 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "enabled") p.enabled = item.second.cast<bool>();
       else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
       else if (key == "replay") p.replay = item.second.cast<bool>();
+      else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
       else if (key == "payoff_check_budget") {
         const double budget = item.second.cast<double>();
@@ -218,10 +230,13 @@ PYBIND11_MODULE(_C, m) {
     d["enabled"] = p.enabled;
     d["adaptive"] = p.adaptive;
     d["replay"] = p.replay;
+    d["fast_path"] = p.fast_path;
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;
     return d;
   });
+  m.def("fast_path_entries", &terra::python::fast_path_entries,
+        "(owner, name, replacement) for each C fast-path entry point (python/fast_path.cpp).");
   m.def("graphs", [] {
     py::list names;
     for (auto& [name, g] : R().graphs()) names.append(name);

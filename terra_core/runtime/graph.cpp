@@ -153,6 +153,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"payoff", payoff_json(g.payoff)},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
+          {"ops_fast", g.ops_fast},
           {"fetches", g.fetches},
           {"host_ops", g.host_ops},
           {"fallbacks", g.fallbacks.size()},

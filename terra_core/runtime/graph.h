@@ -55,6 +55,9 @@ struct Graph {
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
+  // Ops that reached co-execution through the C fast path (python/fast_path.cpp) rather than
+  // PyTorch's binding and the dispatcher.
+  uint64_t ops_fast = 0;
   std::vector<Fallback> fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.

@@ -7,10 +7,6 @@
 namespace terra::runtime {
 
 namespace {
-const char* const kNoData =
-    "Terra: this tensor is still being computed by the GraphRunner and was read by a path Terra "
-    "does not intercept. Please report this; `%terra off` (or terra.disable()) runs the program "
-    "eagerly.";
 thread_local std::vector<at::Tensor>* value_graveyard = nullptr;
 }  // namespace
 
@@ -27,7 +23,11 @@ PlaceholderImpl::PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<Ali
       slot_(std::move(slot)),
       group_(std::move(group)),
       detached_(detached) {
-  release_storage_and_set_meta_custom_data_ptr_error_msg_(kNoData);
+  // No storage until `become`: a kernel handed a placeholder raises PyTorch's "Cannot access data
+  // pointer of Tensor that doesn't have storage". (A message of Terra's own would cost an
+  // ExtraMeta and two strings, three mallocs, on every co-executed op.)
+  storage_ = {};
+  set_storage_access_should_throw();
 }
 
 c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::copy_detached(

@@ -364,6 +364,13 @@ bool Policy::adaptive_default() {
   return !(env && std::string(env) == "0");
 }
 
+bool Policy::fast_path_default() {
+  const char* env = std::getenv("TERRA_FAST_PATH");
+  return !(env && std::string(env) == "0");
+}
+
+c10::DispatchKey PythonRunner::hook_key() { return kTerraKey; }
+
 bool Policy::replay_default() {
   const char* env = std::getenv("TERRA_REPLAY");
   return !(env && std::string(env) == "0");

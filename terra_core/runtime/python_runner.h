@@ -49,8 +49,12 @@ struct Policy {
   // The GraphRunner replays recorded iterations below autograd (block_replay.h). The default
   // comes from TERRA_REPLAY (0: off).
   bool replay = replay_default();
+  // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
+  // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
+  bool fast_path = fast_path_default();
   static bool adaptive_default();
   static bool replay_default();
+  static bool fast_path_default();
 };
 
 class PythonRunner {
@@ -69,6 +73,16 @@ class PythonRunner {
 
   // Interception points.
   void on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  // The C fast path (python/fast_path.cpp) calls `on_fast` with the stack the dispatcher would
+  // have handed the fallback, skipping PyTorch's argument parser and the dispatcher. It may only
+  // do so where the dispatcher route would reach the fallback now (`fast_ready` and the keys of
+  // the arguments, which the caller checks).
+  bool fast_ready() const { return mode_ == Mode::CoExec && paused_ == 0 && policy_.fast_path; }
+  static c10::DispatchKey hook_key();
+  void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+    ++graph_->ops_fast;
+    on_aten(op, {}, stack);
+  }
   // backward / .grad / .grad = : `exec` runs the real thing on the given stack.
   void on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
                  const std::function<void(torch::jit::Stack*)>& exec);

@@ -284,5 +284,7 @@ def config(**settings):
     eager's time), payoff_check_budget (the faster mode is held long enough that re-timing
     the slower one costs at most this share of the time; default 0.03) and replay (the
     GraphRunner replays recorded iterations below autograd; TERRA_REPLAY=0 turns it off by
-    default)."""
+    default) and fast_path (hot Tensor methods and torch functions enter the engine without
+    PyTorch's argument parser and dispatcher while co-executing; TERRA_FAST_PATH=0 turns it off
+    by default)."""
     return _c().policy(**settings)

@@ -151,6 +151,10 @@ def _settled_setter(descriptor):
 def install():
     if _saved:
         return
+    # The C fast path (terra_core/python/fast_path.cpp): hot Tensor methods and functions that,
+    # while co-executing, enter the engine without PyTorch's argument parser and dispatcher.
+    for owner, name, replacement in _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional):
+        _set(owner, name, replacement)
     _set(_autograd, "_engine_run_backward", _run_backward)
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:

@@ -1,0 +1,260 @@
+// The C fast path of the program thread (issue 14): while a session is open, the hottest Python
+// entry points of PyTorch (Tensor arithmetic and a few functions) are replaced by C functions
+// that, during co-execution, build the operator's argument stack themselves and hand it straight
+// to the PythonRunner, skipping PyTorch's argument parser, its GIL release and the dispatcher's
+// trip to Terra's fallback. Whatever they do not recognise exactly (keywords, other argument
+// types, subclasses with __torch_function__, modes, profiler callbacks, keys above Terra's, a
+// thread or a moment Terra does not intercept) they pass to the original function, untouched,
+// which takes the dispatcher route: the fast path changes where an op enters the engine, never
+// what the engine does with it.
+#include "fast_path.h"
+
+#include <ATen/ScalarOps.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/utils/python_numbers.h>
+
+#include <array>
+#include <utility>
+
+#include "python_runner.h"
+
+namespace terra::python {
+
+namespace {
+
+using terra::runtime::PythonRunner;
+
+// How an entry point's Python arguments map onto its operator's schema.
+enum class Form {
+  Unary,        // method: self;                 function: (input)
+  Binary,       // method: self, other;          function: (input, other)
+  BinaryAlpha,  // as Binary, then alpha=1 (add, sub)
+  Linear,       // function: (input, weight) or (input, weight, bias)
+};
+
+enum class Owner { Tensor, Torch, Functional };
+
+struct Entry {
+  Owner owner;
+  const char* name;      // attribute replaced on the owner
+  const char* op;        // aten operator and overload it calls
+  const char* overload;
+  Form form;
+  bool numbers = false;  // Python numbers are accepted where a tensor goes (as PyTorch's parser does)
+  bool dunder = false;   // a binary operator: TypeError becomes NotImplemented
+  PyObject* original = nullptr;
+  const c10::OperatorHandle* handle = nullptr;
+  PyMethodDef def{};
+};
+
+#define TERRA_METHOD(name, op, ov, form, numbers, dunder) \
+  Entry{Owner::Tensor, name, op, ov, Form::form, numbers, dunder}
+#define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
+  Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
+
+std::array<Entry, 43> entries = {
+    TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
+    TERRA_METHOD("__radd__", "aten::add", "Tensor", BinaryAlpha, true, true),
+    TERRA_METHOD("add", "aten::add", "Tensor", BinaryAlpha, true, false),
+    TERRA_METHOD("__iadd__", "aten::add_", "Tensor", BinaryAlpha, true, true),
+    TERRA_METHOD("add_", "aten::add_", "Tensor", BinaryAlpha, true, false),
+    TERRA_METHOD("__sub__", "aten::sub", "Tensor", BinaryAlpha, true, true),
+    TERRA_METHOD("sub", "aten::sub", "Tensor", BinaryAlpha, true, false),
+    TERRA_METHOD("__isub__", "aten::sub_", "Tensor", BinaryAlpha, true, true),
+    TERRA_METHOD("sub_", "aten::sub_", "Tensor", BinaryAlpha, true, false),
+    TERRA_METHOD("__mul__", "aten::mul", "Tensor", Binary, true, true),
+    TERRA_METHOD("__rmul__", "aten::mul", "Tensor", Binary, true, true),
+    TERRA_METHOD("mul", "aten::mul", "Tensor", Binary, true, false),
+    TERRA_METHOD("__imul__", "aten::mul_", "Tensor", Binary, true, true),
+    TERRA_METHOD("mul_", "aten::mul_", "Tensor", Binary, true, false),
+    TERRA_METHOD("__truediv__", "aten::div", "Tensor", Binary, true, true),
+    TERRA_METHOD("div", "aten::div", "Tensor", Binary, true, false),
+    TERRA_METHOD("__itruediv__", "aten::div_", "Tensor", Binary, true, true),
+    TERRA_METHOD("div_", "aten::div_", "Tensor", Binary, true, false),
+    TERRA_METHOD("__matmul__", "aten::matmul", "", Binary, false, true),
+    TERRA_METHOD("matmul", "aten::matmul", "", Binary, false, false),
+    TERRA_METHOD("relu", "aten::relu", "", Unary, false, false),
+    TERRA_METHOD("relu_", "aten::relu_", "", Unary, false, false),
+    TERRA_METHOD("tanh", "aten::tanh", "", Unary, false, false),
+    TERRA_METHOD("sigmoid", "aten::sigmoid", "", Unary, false, false),
+    TERRA_METHOD("exp", "aten::exp", "", Unary, false, false),
+    TERRA_METHOD("sqrt", "aten::sqrt", "", Unary, false, false),
+    TERRA_METHOD("abs", "aten::abs", "", Unary, false, false),
+    TERRA_METHOD("neg", "aten::neg", "", Unary, false, false),
+    TERRA_METHOD("__neg__", "aten::neg", "", Unary, false, false),
+    TERRA_METHOD("t", "aten::t", "", Unary, false, false),
+    TERRA_FUNCTION(Torch, "relu", "aten::relu", "", Unary, false),
+    TERRA_FUNCTION(Torch, "tanh", "aten::tanh", "", Unary, false),
+    TERRA_FUNCTION(Torch, "sigmoid", "aten::sigmoid", "", Unary, false),
+    TERRA_FUNCTION(Torch, "exp", "aten::exp", "", Unary, false),
+    TERRA_FUNCTION(Torch, "sqrt", "aten::sqrt", "", Unary, false),
+    TERRA_FUNCTION(Torch, "abs", "aten::abs", "", Unary, false),
+    TERRA_FUNCTION(Torch, "neg", "aten::neg", "", Unary, false),
+    TERRA_FUNCTION(Torch, "add", "aten::add", "Tensor", BinaryAlpha, true),
+    TERRA_FUNCTION(Torch, "sub", "aten::sub", "Tensor", BinaryAlpha, true),
+    TERRA_FUNCTION(Torch, "mul", "aten::mul", "Tensor", Binary, true),
+    TERRA_FUNCTION(Torch, "div", "aten::div", "Tensor", Binary, true),
+    TERRA_FUNCTION(Torch, "matmul", "aten::matmul", "", Binary, false),
+    TERRA_FUNCTION(Functional, "linear", "aten::linear", "", Linear, false),
+};
+
+#undef TERRA_METHOD
+#undef TERRA_FUNCTION
+
+// torch.Tensor and torch.nn.Parameter: the tensor types without a __torch_function__ of their
+// own (Parameter's is PyTorch's disabled one). Instances of other subclasses take the original.
+PyTypeObject* plain_types[2] = {nullptr, nullptr};
+
+// A tensor argument as PyTorch's parser would take it, or false where the parser would do
+// something this path does not (a __torch_function__ to call, another type).
+bool tensor_arg(PyObject* obj, bool numbers, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
+  if (Py_TYPE(obj) == plain_types[0] || Py_TYPE(obj) == plain_types[1]) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    *keys = *keys | t.key_set();
+    stack->emplace_back(t);
+    return true;
+  }
+  if (!numbers) return false;
+  // A Python number becomes a wrapped 0-dim tensor, as PythonArgs::tensor makes it.
+  at::Scalar scalar;
+  if (PyBool_Check(obj)) {
+    scalar = at::Scalar(obj == Py_True);
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    scalar = at::Scalar(static_cast<int64_t>(v));
+  } else if (PyFloat_CheckExact(obj)) {
+    scalar = at::Scalar(PyFloat_AS_DOUBLE(obj));
+  } else {
+    return false;
+  }
+  at::AutoDispatchBelowADInplaceOrView guard;
+  at::Tensor t = at::scalar_to_tensor(scalar);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  stack->emplace_back(std::move(t));
+  return true;
+}
+
+// The operator's stack for these Python arguments, or false: the original function takes them.
+bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+           PyObject* kwnames, torch::jit::Stack* stack) {
+  if (kwnames || !PythonRunner::instance().fast_ready() || at::impl::torch_function_mode_enabled())
+    return false;
+  c10::DispatchKeySet keys;
+  const bool method = e.owner == Owner::Tensor;
+  if (method && !tensor_arg(self, false, stack, &keys)) return false;
+  const Py_ssize_t want = (e.form == Form::Unary ? 1 : 2) - (method ? 1 : 0);
+  if (e.form == Form::Linear) {
+    if (nargs != 2 && nargs != 3) return false;
+    for (Py_ssize_t i = 0; i < 2; ++i)
+      if (!tensor_arg(args[i], false, stack, &keys)) return false;
+    if (nargs == 2 || args[2] == Py_None) {
+      stack->emplace_back();
+    } else if (!tensor_arg(args[2], false, stack, &keys)) {
+      return false;
+    }
+  } else {
+    if (nargs != want) return false;
+    for (Py_ssize_t i = 0; i < nargs; ++i)
+      if (!tensor_arg(args[i], e.numbers && (method || i > 0), stack, &keys)) return false;
+    if (e.form == Form::BinaryAlpha) stack->emplace_back(c10::Scalar(1));
+  }
+  // The dispatcher would go to Terra's fallback first: nothing above it (a Python dispatcher,
+  // pre-dispatch tracing), Terra included on this thread and not excluded, no profiler callbacks.
+  const auto local = c10::impl::tls_local_dispatch_key_set();
+  const c10::DispatchKeySet effective = (keys | local.included_) - local.excluded_;
+  return effective.highestPriorityTypeId() == PythonRunner::hook_key() && !at::hasCallbacks();
+}
+
+PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                        PyObject* kwnames) {
+  if (e.owner != Owner::Tensor) return PyObject_Vectorcall(e.original, args, static_cast<size_t>(nargs), kwnames);
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject* small[8];
+  std::vector<PyObject*> large;
+  PyObject** all = small;
+  if (nargs + nkw + 1 > 8) {
+    large.resize(static_cast<size_t>(nargs + nkw + 1));
+    all = large.data();
+  }
+  all[0] = self;
+  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) all[i + 1] = args[i];
+  return PyObject_Vectorcall(e.original, all, static_cast<size_t>(nargs + 1), kwnames);
+}
+
+// The op through the engine, its result wrapped; errors raised as PyTorch's binding raises them.
+PyObject* run(const Entry& e, torch::jit::Stack* stack) {
+  HANDLE_TH_ERRORS
+  PythonRunner::instance().on_fast(*e.handle, stack);
+  return THPVariable_Wrap(stack->at(0).toTensor());
+  END_HANDLE_TH_ERRORS
+}
+
+template <size_t I>
+PyObject* entry_point(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  const Entry& e = entries[I];
+  // The engine swaps argument and return vectors with the caller's (PythonRunner::issue), so one
+  // spare vector per thread circulates: building the stack allocates nothing in steady state.
+  thread_local torch::jit::Stack spare;
+  torch::jit::Stack stack = std::move(spare);  // a nested call finds it empty and allocates
+  stack.clear();
+  stack.reserve(4);
+  PyObject* result = build(e, self, args, nargs, kwnames, &stack)
+                         ? run(e, &stack)
+                         : call_original(e, self, args, nargs, kwnames);
+  stack.clear();
+  spare = std::move(stack);
+  if (!result && e.dunder && PyErr_ExceptionMatches(PyExc_TypeError)) {
+    PyErr_Clear();  // as PyTorch's binary operators do: Python then tries the reflected one
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  return result;
+}
+
+template <size_t... I>
+constexpr std::array<PyCFunction, sizeof...(I)> make_entry_points(std::index_sequence<I...>) {
+  return {reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_point<I>))...};
+}
+
+const auto entry_points = make_entry_points(std::make_index_sequence<entries.size()>());
+
+}  // namespace
+
+pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch_module,
+                                 pybind11::handle functional) {
+  static auto& made = *new pybind11::list();  // never destroyed: it outlives the interpreter
+  if (!made.empty()) return made;
+  plain_types[0] = reinterpret_cast<PyTypeObject*>(tensor.ptr());
+  plain_types[1] = reinterpret_cast<PyTypeObject*>(
+      pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
+    PyObject* owner = e.owner == Owner::Tensor ? tensor.ptr()
+                      : e.owner == Owner::Torch ? torch_module.ptr()
+                                                : functional.ptr();
+    e.original = PyObject_GetAttrString(owner, e.name);  // kept for the process's lifetime
+    if (!e.original) throw pybind11::error_already_set();
+    e.handle = new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.overload));
+    e.def = PyMethodDef{e.name, entry_points[i], METH_FASTCALL | METH_KEYWORDS, nullptr};
+    PyObject* doc = PyObject_GetAttrString(e.original, "__doc__");
+    if (doc && PyUnicode_Check(doc)) e.def.ml_doc = PyUnicode_AsUTF8(doc);  // kept alive below
+    PyObject* fn = e.owner == Owner::Tensor
+                       ? PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(tensor.ptr()), &e.def)
+                       : PyCFunction_NewEx(&e.def, nullptr, nullptr);
+    if (!fn) throw pybind11::error_already_set();
+    made.append(pybind11::make_tuple(pybind11::handle(owner), e.name,
+                                     pybind11::reinterpret_steal<pybind11::object>(fn)));
+  }
+  return made;
+}
+
+}  // namespace terra::python

@@ -1,0 +1,191 @@
+"""The program thread's C fast path (terra_core/python/fast_path.cpp): hot Tensor methods and
+torch functions, replaced while a session is open, enter the engine without PyTorch's argument
+parser and dispatcher. Every entry point is run co-executed on argument variants and compared
+bitwise with eager PyTorch and with the dispatcher route (the fast path off); the graph's
+counters say which route the ops took.
+"""
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import terra
+from terra import _C
+
+ENTRIES = [(owner, name) for owner, name, _ in
+           _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_graphs():
+    terra.reset()
+    terra.config(fast_path=True)
+    yield
+    terra.config(fast_path=True)
+    terra.reset()
+
+
+def operands():
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(4, 3, generator=g) + 0.5
+    return {
+        "a": a,
+        "row": torch.rand(3, generator=g) + 0.5,        # broadcasts
+        "ints": torch.arange(12).reshape(4, 3) + 1,     # int64: promotion with floats
+        "w": torch.nn.Parameter(torch.rand(5, 3, generator=g)),
+        "b": torch.nn.Parameter(torch.rand(5, generator=g)),
+        "sq": torch.rand(3, 3, generator=g),
+    }
+
+
+# Each variant: a function of the operands dict, run inside the loop, returning tensors.
+BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+}
+VARIANTS = {}
+for sym, fn in BINARY.items():
+    VARIANTS[f"tensor {sym} tensor"] = lambda o, fn=fn: fn(o["a"], o["a"] * 2)
+    VARIANTS[f"tensor {sym} broadcast"] = lambda o, fn=fn: fn(o["a"], o["row"])
+    VARIANTS[f"tensor {sym} float"] = lambda o, fn=fn: fn(o["a"], 1.5)
+    VARIANTS[f"tensor {sym} int"] = lambda o, fn=fn: fn(o["a"], 3)
+    if sym != "-":  # eager refuses subtracting a bool
+        VARIANTS[f"ints {sym} bool"] = lambda o, fn=fn: fn(o["ints"], True)
+    VARIANTS[f"ints {sym} floats"] = lambda o, fn=fn: fn(o["ints"], o["a"])
+VARIANTS.update({
+    "float + tensor": lambda o: 2.5 + o["a"],
+    "int * tensor": lambda o: 3 * o["a"],
+    "a += row": lambda o: operator.iadd(o["a"].clone(), o["row"]),
+    "a -= 1.5": lambda o: operator.isub(o["a"].clone(), 1.5),
+    "a *= a": lambda o: operator.imul(o["a"].clone(), o["a"]),
+    "a /= 4": lambda o: operator.itruediv(o["a"].clone(), 4),
+    "add_ / sub_ / mul_ / div_": lambda o: o["a"].clone().add_(o["row"]).sub_(0.25).mul_(o["a"]).div_(3),
+    "methods": lambda o: (o["a"].add(o["row"]), o["a"].sub(2), o["a"].mul(o["a"]), o["a"].div(o["row"])),
+    "alpha keyword (the original)": lambda o: o["a"].add(o["row"], alpha=2),
+    "rounding_mode (the original)": lambda o: o["a"].div(o["row"], rounding_mode="floor"),
+    "unary methods": lambda o: (o["a"].relu(), o["a"].tanh(), o["a"].sigmoid(), o["a"].exp(),
+                                o["a"].sqrt(), o["a"].abs(), o["a"].neg(), -o["a"], o["a"].t(),
+                                (o["a"] - 1).relu_()),
+    "torch functions": lambda o: (torch.relu(o["a"] - 1), torch.tanh(o["a"]), torch.sigmoid(o["a"]),
+                                  torch.exp(o["a"]), torch.sqrt(o["a"]), torch.abs(o["a"] - 1),
+                                  torch.neg(o["a"]), torch.add(o["a"], o["row"]),
+                                  torch.sub(o["a"], 1), torch.mul(o["a"], 2.0),
+                                  torch.div(o["a"], o["row"]), torch.add(o["a"], o["row"], alpha=3)),
+    "matmul": lambda o: (o["a"] @ o["sq"], o["a"].matmul(o["sq"]), torch.matmul(o["a"], o["sq"])),
+    "linear": lambda o: (F.linear(o["a"], o["w"], o["b"]), F.linear(o["a"], o["w"]),
+                         F.linear(o["a"], o["w"], None), F.linear(o["a"], o["w"], bias=o["b"])),
+    "autograd through the fast path": lambda o: backward_then_grads(
+        (F.linear(o["a"], o["w"], o["b"]).tanh() * 2 + 1).sum(), o["w"], o["b"]),
+})
+
+
+def backward_then_grads(loss, *leaves):
+    loss.backward()
+    return [p.grad.clone() for p in leaves]
+
+
+def flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x.detach()]
+    return [t for v in x for t in flat(v)]
+
+
+def loop(variant, steps=8):
+    o = operands()
+    out = []
+    for _ in range(steps):
+        out.append(variant(o))
+    return [t for r in out for t in flat(r)]
+
+
+def same(xs, ys):
+    return len(xs) == len(ys) and all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(xs, ys))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_variant_matches_eager_and_the_dispatcher_route(name):
+    variant = VARIANTS[name]
+    eager = loop(variant)
+    fast = terra.run(loop, variant)
+    s_fast = terra.stats("loop")
+    terra.reset()
+    terra.config(fast_path=False)
+    slow = terra.run(loop, variant)
+    s_slow = terra.stats("loop")
+    assert same(eager, fast), name
+    assert same(eager, slow), name
+    assert s_fast["iterations_coexecuted"] >= 4 and s_slow["iterations_coexecuted"] >= 4
+    assert s_slow["ops_fast"] == 0
+    if "(the original)" not in name:
+        assert s_fast["ops_fast"] > 0, s_fast
+
+
+def test_entry_points_are_replaced_in_a_session_and_restored_after():
+    originals = {(o, n): o.__dict__.get(n, None) for o, n in ENTRIES}
+    seen_inside = {}
+
+    def probe():
+        for o, n in ENTRIES:
+            seen_inside[(o, n)] = o.__dict__.get(n, None)
+
+    terra.run(probe)
+    for key, original in originals.items():
+        assert seen_inside[key] is not original, key  # replaced while the session is open
+        assert key[0].__dict__.get(key[1], None) is original, key  # restored exactly
+
+
+class Logged(torch.Tensor):
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        Logged.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_torch_function_subclass_takes_the_original_route():
+    def prog(x, steps=6):
+        out = []
+        for _ in range(steps):
+            out.append((x + 1) * 2)
+        return out
+
+    x = torch.rand(3).as_subclass(Logged)
+    Logged.calls = 0
+    eager = prog(x)
+    eager_calls = Logged.calls
+    Logged.calls = 0
+    coexec = terra.run(prog, x)
+    assert Logged.calls == eager_calls > 0
+    assert all(type(a) is type(b) and torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats(prog.__qualname__)
+    assert s["iterations_coexecuted"] >= 2 and s["ops_fast"] == 0, s
+
+
+def test_wrong_operands_raise_as_in_eager():
+    def prog(x, other, steps=5):
+        for _ in range(steps):
+            y = x * 2
+        return y + other
+
+    x = torch.rand(3)
+    for other in ("text", torch.rand(4)):
+        with pytest.raises(Exception) as eager:
+            prog(x, other)
+        with pytest.raises(Exception) as coexec:
+            terra.run(prog, x, other)
+        assert type(coexec.value) is type(eager.value)
+        assert str(coexec.value) == str(eager.value)
+
+
+def test_autograd_grad_inside_a_session_runs_eagerly():
+    # torch.autograd.grad passes allow_unused positionally to the engine entry Terra patches.
+    def prog(w, steps=4):
+        out = []
+        for _ in range(steps):
+            out.append(torch.autograd.grad((w * w).sum(), [w], allow_unused=True)[0])
+        return out
+
+    w = torch.rand(3, requires_grad=True)
+    assert all(torch.equal(a, b) for a, b in zip(prog(w), terra.run(prog, w)))
