@@ -29,12 +29,15 @@ namespace {
 
 using terra::runtime::PythonRunner;
 
-// How an entry point's Python arguments map onto its operator's schema.
+// How an entry point's Python arguments map onto its operator's schema (methods take the first
+// tensor as self).
 enum class Form {
-  Unary,        // method: self;                 function: (input)
-  Binary,       // method: self, other;          function: (input, other)
-  BinaryAlpha,  // as Binary, then alpha=1 (add, sub)
-  Linear,       // function: (input, weight) or (input, weight, bias)
+  Unary,         // (input)
+  Binary,        // (input, other)
+  BinaryAlpha,   // (input, other, *, alpha=1): add, sub
+  BinaryWeight,  // (input, end, weight): lerp with a Python number as the weight
+  Ternary,       // (input, tensor1, tensor2, *, value=1): addcmul, addcdiv
+  Linear,        // (input, weight, bias=None)
 };
 
 enum class Owner { Tensor, Torch, Functional };
@@ -57,7 +60,7 @@ struct Entry {
 #define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
   Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
 
-std::array<Entry, 43> entries = {
+std::array<Entry, 49> entries = {
     TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("__radd__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("add", "aten::add", "Tensor", BinaryAlpha, true, false),
@@ -88,6 +91,12 @@ std::array<Entry, 43> entries = {
     TERRA_METHOD("neg", "aten::neg", "", Unary, false, false),
     TERRA_METHOD("__neg__", "aten::neg", "", Unary, false, false),
     TERRA_METHOD("t", "aten::t", "", Unary, false, false),
+    TERRA_METHOD("lerp", "aten::lerp", "Scalar", BinaryWeight, false, false),
+    TERRA_METHOD("lerp_", "aten::lerp_", "Scalar", BinaryWeight, false, false),
+    TERRA_METHOD("addcmul", "aten::addcmul", "", Ternary, false, false),
+    TERRA_METHOD("addcmul_", "aten::addcmul_", "", Ternary, false, false),
+    TERRA_METHOD("addcdiv", "aten::addcdiv", "", Ternary, false, false),
+    TERRA_METHOD("addcdiv_", "aten::addcdiv_", "", Ternary, false, false),
     TERRA_FUNCTION(Torch, "relu", "aten::relu", "", Unary, false),
     TERRA_FUNCTION(Torch, "tanh", "aten::tanh", "", Unary, false),
     TERRA_FUNCTION(Torch, "sigmoid", "aten::sigmoid", "", Unary, false),
@@ -144,15 +153,51 @@ bool tensor_arg(PyObject* obj, bool numbers, torch::jit::Stack* stack, c10::Disp
   return true;
 }
 
+// A Scalar argument as PyTorch's parser takes a Python number (bool, int, float); false for
+// anything else (a 0-dim tensor, which the parser would read with .item()).
+bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
+  if (PyBool_Check(obj)) {
+    stack->emplace_back(c10::Scalar(obj == Py_True));
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    stack->emplace_back(c10::Scalar(static_cast<int64_t>(v)));
+  } else if (PyFloat_CheckExact(obj)) {
+    stack->emplace_back(c10::Scalar(PyFloat_AS_DOUBLE(obj)));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+size_t tensors_of(Form form) {
+  switch (form) {
+    case Form::Unary: return 1;
+    case Form::Ternary: return 3;
+    default: return 2;
+  }
+}
+
 // The operator's stack for these Python arguments, or false: the original function takes them.
 bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
            PyObject* kwnames, torch::jit::Stack* stack) {
-  if (kwnames || !PythonRunner::instance().fast_ready() || at::impl::torch_function_mode_enabled())
-    return false;
+  if (!PythonRunner::instance().fast_ready() || at::impl::torch_function_mode_enabled()) return false;
+  // The one keyword-only Scalar some schemas take after their tensors.
+  const char* keyword = e.form == Form::BinaryAlpha ? "alpha" : e.form == Form::Ternary ? "value" : nullptr;
+  PyObject* keyword_value = nullptr;
+  if (kwnames) {
+    if (!keyword || e.dunder || PyTuple_GET_SIZE(kwnames) != 1 ||
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), keyword) != 0)
+      return false;
+    keyword_value = args[nargs];
+  }
   c10::DispatchKeySet keys;
   const bool method = e.owner == Owner::Tensor;
   if (method && !tensor_arg(self, false, stack, &keys)) return false;
-  const Py_ssize_t want = (e.form == Form::Unary ? 1 : 2) - (method ? 1 : 0);
   if (e.form == Form::Linear) {
     if (nargs != 2 && nargs != 3) return false;
     for (Py_ssize_t i = 0; i < 2; ++i)
@@ -163,10 +208,19 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
       return false;
     }
   } else {
-    if (nargs != want) return false;
-    for (Py_ssize_t i = 0; i < nargs; ++i)
+    const auto tensors = static_cast<Py_ssize_t>(tensors_of(e.form)) - (method ? 1 : 0);
+    const Py_ssize_t positional = tensors + (e.form == Form::BinaryWeight ? 1 : 0);
+    if (nargs != positional) return false;
+    for (Py_ssize_t i = 0; i < tensors; ++i)
       if (!tensor_arg(args[i], e.numbers && (method || i > 0), stack, &keys)) return false;
-    if (e.form == Form::BinaryAlpha) stack->emplace_back(c10::Scalar(1));
+    if (e.form == Form::BinaryWeight && !scalar_arg(args[tensors], stack)) return false;
+    if (keyword) {
+      if (!keyword_value) {
+        stack->emplace_back(c10::Scalar(1));
+      } else if (!scalar_arg(keyword_value, stack)) {
+        return false;
+      }
+    }
   }
   // The dispatcher would go to Terra's fallback first: nothing above it (a Python dispatcher,
   // pre-dispatch tracing), Terra included on this thread and not excluded, no profiler callbacks.

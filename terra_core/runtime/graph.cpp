@@ -1,5 +1,7 @@
 #include "graph.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "terra/case_assignment.h"
@@ -141,6 +143,18 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
 nlohmann::json stats_json(const Graph& g) {
   size_t edges = 0;
   for (const auto& n : g.nodes) edges += n.succ.size();
+  std::vector<std::pair<uint64_t, std::string>> dispatched;
+  uint64_t dispatched_total = 0;
+  for (const auto& [schema, count] : g.ops_dispatched) {
+    dispatched.emplace_back(count, c10::toString(schema->operator_name()));
+    dispatched_total += count;
+  }
+  std::sort(dispatched.begin(), dispatched.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  nlohmann::json top = nlohmann::json::array();
+  for (size_t i = 0; i < dispatched.size() && i < 8; ++i)
+    top.push_back({dispatched[i].second, dispatched[i].first});
   return {{"name", g.name},
           {"nodes", g.nodes.size()},
           {"edges", edges},
@@ -154,6 +168,8 @@ nlohmann::json stats_json(const Graph& g) {
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},
+          {"ops_dispatched", dispatched_total},
+          {"ops_dispatched_top", top},
           {"fetches", g.fetches},
           {"host_ops", g.host_ops},
           {"fallbacks", g.fallbacks.size()},

@@ -58,6 +58,9 @@ struct Graph {
   // Ops that reached co-execution through the C fast path (python/fast_path.cpp) rather than
   // PyTorch's binding and the dispatcher.
   uint64_t ops_fast = 0;
+  // Co-executed ATen ops that came through the dispatcher, per operator: where the fast path
+  // would help next (`%terra explain`).
+  std::unordered_map<const c10::FunctionSchema*, uint64_t> ops_dispatched;
   std::vector<Fallback> fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.

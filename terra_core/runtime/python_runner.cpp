@@ -396,6 +396,7 @@ void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
     return;
   }
   auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
+  if (mode_ == Mode::CoExec && !fast_entry_) ++graph_->ops_dispatched[&op.schema()];
   uint64_t lookup = lookup_key(OpKind::Aten, &op);
   if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, {}, lookup, stack, exec)) return;
   trace_op(OpKind::Aten, &op, c10::toString(op.operator_name()), lookup, stack, exec);

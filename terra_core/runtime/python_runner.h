@@ -81,6 +81,11 @@ class PythonRunner {
   static c10::DispatchKey hook_key();
   void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     ++graph_->ops_fast;
+    fast_entry_ = true;
+    struct Left {
+      bool& entered;
+      ~Left() { entered = false; }
+    } left{fast_entry_};
     on_aten(op, {}, stack);
   }
   // backward / .grad / .grad = : `exec` runs the real thing on the given stack.
@@ -117,6 +122,7 @@ class PythonRunner {
 
  private:
   enum class Mode { Off, Tracing, CoExec, Eager };
+  bool fast_entry_ = false;  // on_aten was called by on_fast, not by the dispatcher
   using Exec = std::function<void(torch::jit::Stack*)>;
 
   void trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,

@@ -124,13 +124,14 @@ class TerraMagics(Magics):
         if not graphs:
             print("no graphs yet: run a cell with a PyTorch loop")
             return
-        header = ("graph", "cell", "nodes", "traced", "co-exec", "replayed", "fell back", "eager",
-                  "eager (faster)", "time traced", "time co-exec")
+        header = ("graph", "cell", "nodes", "traced", "co-exec", "replayed", "fast path", "fell back",
+                  "eager", "eager (faster)", "time traced", "time co-exec")
         rows = []
         for name in graphs:
             s = terra.stats(name)
             rows.append((name, self.cells.labels.get(name, "-"), s["nodes"], s["iterations_traced"],
-                         s["iterations_coexecuted"], s["iterations_replayed"], s["iterations_fallback"],
+                         s["iterations_coexecuted"], s["iterations_replayed"], fast_share(s),
+                         s["iterations_fallback"],
                          s["iterations_eager"] - s["iterations_eager_chosen"], s["iterations_eager_chosen"],
                          f"{s['traced_seconds']:.2f} s", f"{s['coexec_seconds']:.2f} s"))
         widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
@@ -178,6 +179,10 @@ class TerraMagics(Magics):
                 print(f"{self.cells.labels.get(name, name)}: {line}")
         if not found:
             print("Terra: no fallbacks: every traced path was co-executed as recorded")
+        for name in names:
+            line = dispatch_line(terra.stats(name))
+            if line:  # not a fallback: where the program thread's fast path would help next
+                print(f"{self.cells.labels.get(name, name)}: {line}")
 
     def _views_of(self):
         if self._views is None:
@@ -275,6 +280,22 @@ class TerraMagics(Magics):
         if changes:
             terra.config(**changes)
         print("Terra: settings updated")
+
+
+def fast_share(stats):
+    """The share of a graph's co-executed ATen ops that entered through the C fast path."""
+    total = stats.get("ops_fast", 0) + stats.get("ops_dispatched", 0)
+    return f"{100 * stats['ops_fast'] / total:.0f}%" if total else "-"
+
+
+def dispatch_line(stats):
+    """The operators that most often took the dispatcher route while co-executing (where the
+    fast path would help next), or None."""
+    top = stats.get("ops_dispatched_top") or []
+    if not top:
+        return None
+    ops = ", ".join(f"{name} ({count})" for name, count in top[:5])
+    return f"fast path: {fast_share(stats)} of co-executed ops; through the dispatcher most often: {ops}"
 
 
 def replay_line(stats):
