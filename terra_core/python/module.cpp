@@ -1,6 +1,7 @@
 // The `terra._C` extension module: the engine's entry points for the `terra` Python package.
 // Only glue lives here: argument conversion and the Python side of the pseudo-ops (backward,
 // .grad); the engine is in terra_core/runtime.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -103,6 +104,15 @@ py::object backward(py::object original, py::tuple t_outputs, py::args args, py:
   return result;
 }
 
+PyObject* mark(PyObject*, PyObject* boundary) {
+  const unsigned long long id = PyLong_AsUnsignedLongLongMask(boundary);
+  if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  HANDLE_TH_ERRORS
+  R().mark(id);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
 py::object grad_get(py::object self) {
   torch::jit::Stack stack{THPVariable_Unpack(self.ptr())};
   R().on_pseudo(OpKind::GradRead, ".grad", &stack, [](torch::jit::Stack* s) {
@@ -163,7 +173,10 @@ PYBIND11_MODULE(_C, m) {
         "first frame running that code object.");
   m.def("exit", [] { R().exit(); }, "Ends co-execution: waits for the GraphRunner, makes every "
         "placeholder a real tensor, raises a pending GraphRunner error.");
-  m.def("mark", [](uint64_t boundary) { R().mark(boundary); }, "An iteration boundary.");
+  // Called at every loop iteration boundary (terra/_loops.py marks): a plain METH_O function, not
+  // a pybind11 one, whose argument parsing cost as much as a small op's.
+  static PyMethodDef mark_def{"mark", &mark, METH_O, "An iteration boundary (a loop's id)."};
+  m.add_object("mark", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&mark_def, nullptr, m.ptr())));
   m.def("active", [] { return R().active(); });
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");

@@ -236,6 +236,22 @@ def test_replay_is_a_setting_and_replayed_iterations_are_shown(kc):
     assert out is not None
 
 
+def test_fast_path_is_a_setting_and_its_share_is_shown(kc):
+    ok(kc, TRAIN.format(steps=30, extra=""))
+    status = ok(kc, "%terra status")
+    header, *rows = status.splitlines()[1:]
+    at = header.index("fast path")  # the table's columns are left-aligned
+    shares = [row[at:].split()[0] for row in rows]
+    assert any(s.endswith("%") and int(s[:-1]) > 0 for s in shares), status
+    assert "through the dispatcher most often" in ok(kc, "%terra explain")
+    ok(kc, "%terra config fast_path=off")
+    try:
+        assert "fast_path = off" in ok(kc, "%terra config")
+        assert ok(kc, "import terra; print(terra.config()['fast_path'])").strip() == "False"
+    finally:
+        ok(kc, "%terra config fast_path=on")
+
+
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_corpus_as_notebook_cells(kc, name):
     source = (ROOT / "tests" / "programs" / f"{name}.py").read_text()

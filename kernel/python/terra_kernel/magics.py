@@ -39,9 +39,10 @@ SETTINGS = {
     "max_nodes": "TraceGraph nodes past which a graph stays eager",
     "adaptive": "time co-execution against eager execution and run the faster (on/off)",
     "replay": "replay recorded iterations below autograd in the GraphRunner (on/off)",
+    "fast_path": "hot Tensor methods and torch functions skip PyTorch's binding while co-executing (on/off)",
     "summary": "print a one-line summary after each co-executed cell (on/off)",
 }
-BOOLEAN_SETTINGS = ("adaptive", "replay", "summary")
+BOOLEAN_SETTINGS = ("adaptive", "replay", "fast_path", "summary")
 
 
 def _bool(text):

@@ -61,6 +61,8 @@ def _enter(name, depth=1, stop_code=None):
     global _last_graph
     if getattr(_depth, "n", 0) == 0:
         _patches_module().install()
+        if getattr(builtins, _loops.MARK, None) is _mark:  # not a host's own (the kernel's)
+            setattr(builtins, _loops.MARK, _c().mark)  # boundaries call the engine directly
     _last_graph = name
     _depth.n = getattr(_depth, "n", 0) + 1
     try:
@@ -77,6 +79,8 @@ def _leave_patches():
     _depth.n -= 1
     if _depth.n == 0:
         _patches_module().uninstall()
+        if getattr(builtins, _loops.MARK, None) is _c().mark:
+            setattr(builtins, _loops.MARK, _mark)
 
 
 def _exit():
