@@ -248,6 +248,9 @@ PYBIND11_MODULE(_C, m) {
     d["payoff_check_budget"] = p.payoff_check_budget;
     return d;
   });
+  m.def("set_fast_path_switch", [](py::function put_in) {
+    R().set_fast_path_switch([put_in](bool on) { put_in(on); });
+  }, "The function that puts the fast path's entry points in (True) or takes them out (False).");
   m.def("fast_path_entries", &terra::python::fast_path_entries,
         "(owner, name, replacement) for each C fast-path entry point (python/fast_path.cpp).");
   m.def("graphs", [] {

@@ -174,6 +174,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
+  fast_path_out_ = false;  // the session starts with it in (terra/_patches.py)
   grad_defined_.clear();
   scalar_use_.clear();
   set_value_graveyard(&graveyard_);
@@ -351,6 +352,10 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   mode_ = want;
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
+  if (fast_path_switch_ && (mode_ == Mode::Eager) != fast_path_out_) {
+    fast_path_out_ = mode_ == Mode::Eager;
+    fast_path_switch_(!fast_path_out_);
+  }
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

@@ -79,6 +79,9 @@ class PythonRunner {
   // the arguments, which the caller checks).
   bool fast_ready() const { return mode_ == Mode::CoExec && paused_ == 0 && policy_.fast_path; }
   static c10::DispatchKey hook_key();
+  // Puts the fast path's entry points in (true) or takes them out (terra/_patches.py): they are
+  // taken out while a loop runs eagerly, where every call would only pass through them.
+  void set_fast_path_switch(std::function<void(bool)> put_in) { fast_path_switch_ = std::move(put_in); }
   void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     ++graph_->ops_fast;
     fast_entry_ = true;
@@ -123,6 +126,8 @@ class PythonRunner {
  private:
   enum class Mode { Off, Tracing, CoExec, Eager };
   bool fast_entry_ = false;  // on_aten was called by on_fast, not by the dispatcher
+  std::function<void(bool)> fast_path_switch_;
+  bool fast_path_out_ = false;  // taken out for this session's eager iterations
   using Exec = std::function<void(torch::jit::Stack*)>;
 
   void trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,

@@ -198,3 +198,25 @@ def test_autograd_grad_inside_a_session_runs_eagerly():
 
     w = torch.rand(3, requires_grad=True)
     assert all(torch.equal(a, b) for a, b in zip(prog(w), terra.run(prog, w)))
+
+
+def test_the_fast_path_is_taken_out_while_a_loop_runs_eagerly():
+    # In eager iterations every call would only pass through the replacements (and cost a C call
+    # more than eager): the engine takes them out and puts them back when co-execution resumes.
+    def prog(x, steps=12):
+        seen = []
+        for _ in range(steps):
+            x = x + 1
+            seen.append("__add__" in torch.Tensor.__dict__)
+        return seen
+
+    default = terra.config()["max_divergences"]
+    assert terra.run(prog, torch.zeros(2))[-1] is True  # traced and co-executed: in
+    terra.reset()
+    terra.config(max_divergences=0)  # every iteration start runs eagerly from the first
+    try:
+        seen = terra.run(prog, torch.zeros(2))
+    finally:
+        terra.config(max_divergences=default)
+    assert not any(seen), seen
+    assert "__add__" not in torch.Tensor.__dict__  # and the session left nothing behind

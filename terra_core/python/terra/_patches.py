@@ -151,10 +151,7 @@ def _settled_setter(descriptor):
 def install():
     if _saved:
         return
-    # The C fast path (terra_core/python/fast_path.cpp): hot Tensor methods and functions that,
-    # while co-executing, enter the engine without PyTorch's argument parser and dispatcher.
-    for owner, name, replacement in _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional):
-        _set(owner, name, replacement)
+    fast_path(True)
     _set(_autograd, "_engine_run_backward", _run_backward)
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:
@@ -181,7 +178,32 @@ def install():
         _set(torch.random, name, _synced(getattr(torch.random, name)))
 
 
+_fast = []  # (owner, name, the owner's own attribute or _MISSING) while the fast path is in
+
+
+def fast_path(on):
+    """Puts in (or takes out) the C fast path (terra_core/python/fast_path.cpp): hot Tensor
+    methods and functions that, while co-executing, enter the engine without PyTorch's argument
+    parser and dispatcher. In for a session; the engine takes it out for the iterations a loop
+    runs eagerly (where each call would only pass through it) and puts it back after."""
+    if on and not _fast:
+        for owner, name, replacement in _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional):
+            _fast.append((owner, name, owner.__dict__.get(name, _MISSING)))
+            setattr(owner, name, replacement)
+    elif not on:
+        while _fast:
+            owner, name, value = _fast.pop()
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_C.set_fast_path_switch(fast_path)
+
+
 def uninstall():
+    fast_path(False)
     while _saved:
         owner, name, value = _saved.pop()
         if value is _MISSING:
