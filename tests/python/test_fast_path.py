@@ -220,3 +220,27 @@ def test_the_fast_path_is_taken_out_while_a_loop_runs_eagerly():
         terra.config(max_divergences=default)
     assert not any(seen), seen
     assert "__add__" not in torch.Tensor.__dict__  # and the session left nothing behind
+
+
+def test_zero_grad_in_place_does_not_wait_for_the_graph_runner():
+    # zero_grad(set_to_none=False) calls requires_grad_(False) on every gradient: a no-op that
+    # used to wait for everything issued (a fetch wait per parameter per step).
+    def train(steps=30):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=False)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()] + [p.grad.clone() for p in model.parameters()]
+
+    eager = train()
+    _C.clear_timeline()
+    coexec = terra.run(train)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats(train.__qualname__)
+    waits = [e for e in terra.timeline()["events"] if e["kind"] == "fetch_wait"]
+    assert s["iterations_coexecuted"] >= 20, s
+    assert len(waits) < s["iterations_coexecuted"], len(waits)  # was 4 per iteration (4 params)

@@ -140,6 +140,21 @@ def _settled(original):
     return settled
 
 
+def _requires_grad_(original):
+    settled = _settled(original)
+
+    @functools.wraps(original)
+    def requires_grad_(self, requires_grad=True):
+        # `requires_grad_(False)` on a tensor that does not require grad changes nothing, so it
+        # need not wait for the GraphRunner: `optimizer.zero_grad(set_to_none=False)` calls it on
+        # every gradient, and each wait cost a round trip of 30 µs (corpus p01: 6 per step).
+        if not requires_grad and type(self) is torch.Tensor and not self.requires_grad:
+            return original(self, False)
+        return settled(self, requires_grad)
+
+    return requires_grad_
+
+
 def _settled_setter(descriptor):
     def setter(self, value):
         _settle(self, value)
@@ -156,7 +171,7 @@ def install():
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
-    _set(torch.Tensor, "requires_grad_", _settled(torch.Tensor.requires_grad_))
+    _set(torch.Tensor, "requires_grad_", _requires_grad_(torch.Tensor.requires_grad_))
     _set(torch.Tensor, "_make_subclass", staticmethod(_settled(torch.Tensor._make_subclass)))
     for name in ("retain_grad", "register_hook", "register_post_accumulate_grad_hook"):
         _set(torch.Tensor, name, _settled(getattr(torch.Tensor, name)))
