@@ -33,6 +33,7 @@ using terra::runtime::PythonRunner;
 // tensor as self).
 enum class Form {
   Unary,         // (input)
+  UnaryNone,     // (input), then the schema's one keyword-only argument left None (dtype=, memory_format=)
   Binary,        // (input, other)
   BinaryAlpha,   // (input, other, *, alpha=1): add, sub
   BinaryWeight,  // (input, end, weight): lerp with a Python number as the weight
@@ -60,7 +61,7 @@ struct Entry {
 #define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
   Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
 
-std::array<Entry, 49> entries = {
+std::array<Entry, 56> entries = {
     TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("__radd__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("add", "aten::add", "Tensor", BinaryAlpha, true, false),
@@ -91,6 +92,11 @@ std::array<Entry, 49> entries = {
     TERRA_METHOD("neg", "aten::neg", "", Unary, false, false),
     TERRA_METHOD("__neg__", "aten::neg", "", Unary, false, false),
     TERRA_METHOD("t", "aten::t", "", Unary, false, false),
+    TERRA_METHOD("detach", "aten::detach", "", Unary, false, false),
+    TERRA_METHOD("zero_", "aten::zero_", "", Unary, false, false),
+    TERRA_METHOD("sum", "aten::sum", "", UnaryNone, false, false),
+    TERRA_METHOD("mean", "aten::mean", "", UnaryNone, false, false),
+    TERRA_METHOD("clone", "aten::clone", "", UnaryNone, false, false),
     TERRA_METHOD("lerp", "aten::lerp", "Scalar", BinaryWeight, false, false),
     TERRA_METHOD("lerp_", "aten::lerp_", "Scalar", BinaryWeight, false, false),
     TERRA_METHOD("addcmul", "aten::addcmul", "", Ternary, false, false),
@@ -104,6 +110,8 @@ std::array<Entry, 49> entries = {
     TERRA_FUNCTION(Torch, "sqrt", "aten::sqrt", "", Unary, false),
     TERRA_FUNCTION(Torch, "abs", "aten::abs", "", Unary, false),
     TERRA_FUNCTION(Torch, "neg", "aten::neg", "", Unary, false),
+    TERRA_FUNCTION(Torch, "sum", "aten::sum", "", UnaryNone, false),
+    TERRA_FUNCTION(Torch, "mean", "aten::mean", "", UnaryNone, false),
     TERRA_FUNCTION(Torch, "add", "aten::add", "Tensor", BinaryAlpha, true),
     TERRA_FUNCTION(Torch, "sub", "aten::sub", "Tensor", BinaryAlpha, true),
     TERRA_FUNCTION(Torch, "mul", "aten::mul", "Tensor", Binary, true),
@@ -176,7 +184,8 @@ bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
 
 size_t tensors_of(Form form) {
   switch (form) {
-    case Form::Unary: return 1;
+    case Form::Unary:
+    case Form::UnaryNone: return 1;
     case Form::Ternary: return 3;
     default: return 2;
   }
@@ -214,6 +223,7 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
     for (Py_ssize_t i = 0; i < tensors; ++i)
       if (!tensor_arg(args[i], e.numbers && (method || i > 0), stack, &keys)) return false;
     if (e.form == Form::BinaryWeight && !scalar_arg(args[tensors], stack)) return false;
+    if (e.form == Form::UnaryNone) stack->emplace_back();
     if (keyword) {
       if (!keyword_value) {
         stack->emplace_back(c10::Scalar(1));

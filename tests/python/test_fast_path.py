@@ -75,6 +75,13 @@ VARIANTS.update({
     "unary methods": lambda o: (o["a"].relu(), o["a"].tanh(), o["a"].sigmoid(), o["a"].exp(),
                                 o["a"].sqrt(), o["a"].abs(), o["a"].neg(), -o["a"], o["a"].t(),
                                 (o["a"] - 1).relu_()),
+    "reductions, copies, detach, zero_": lambda o: (
+        o["a"].sum(), o["a"].mean(), o["ints"].sum(), torch.sum(o["a"]), torch.mean(o["a"]),
+        o["a"].clone(), o["a"].detach(), o["a"].clone().zero_(), o["w"].detach() * 2,
+        (o["a"] * o["a"]).sum() / o["a"].numel()),
+    "reductions with arguments (the original)": lambda o: (
+        o["a"].sum(0), o["a"].mean(dim=1), o["a"].sum(dtype=torch.float64),
+        o["a"].clone(memory_format=torch.contiguous_format)),
     "torch functions": lambda o: (torch.relu(o["a"] - 1), torch.tanh(o["a"]), torch.sigmoid(o["a"]),
                                   torch.exp(o["a"]), torch.sqrt(o["a"]), torch.abs(o["a"] - 1),
                                   torch.neg(o["a"]), torch.add(o["a"], o["row"]),
