@@ -147,7 +147,10 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
     }
     bool index_by_mask = false;
     for (const c10::IValue& v : args) index_by_mask = index_by_mask || has_bool_index(v);
-    if (!tensor_returns || op->hasTag(at::Tag::dynamic_output_shape) ||
+    // `x[idx]` with integer index tensors: the output's shape follows from the indices' shapes,
+    // as index_select's does (the tag is there for boolean masks, caught by index_by_mask).
+    const bool integer_index = !index_by_mask && op->operator_name().name == "aten::index";
+    if (!tensor_returns || (op->hasTag(at::Tag::dynamic_output_shape) && !integer_index) ||
         op->hasTag(at::Tag::data_dependent_output) || op->hasTag(at::Tag::inplace_view) ||
         index_by_mask) {
       t.mode = ExecMode::Fetch;

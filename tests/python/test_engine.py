@@ -525,3 +525,27 @@ def test_forward_mode_tangents_match_eager():
     ours = terra.run(forward_mode_tangents, 12)
     assert all(t is not None for t in ours)
     assert all(torch.equal(a, b) for a, b in zip(eager, ours))
+
+
+def gather_rows(x, steps=10, mask=False):
+    out = []
+    for step in range(steps):
+        idx = torch.randperm(x.shape[0])[:3]
+        rows = x[x[:, 0] > 0] if mask else x[idx]
+        out.append(rows * 2)
+    return out
+
+
+def test_integer_indexing_is_co_executed_and_a_mask_is_fetched():
+    x = torch.randn(8, 4)
+    for mask in (False, True):
+        torch.manual_seed(1)
+        eager = gather_rows(x, mask=mask)
+        torch.manual_seed(1)
+        terra.reset()
+        coexec = terra.run(gather_rows, x, mask=mask)
+        assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+        s = terra.stats("gather_rows")
+        assert s["iterations_coexecuted"] >= 5, s
+        # x[idx]: the output's shape follows from idx's; x[mask]: from the mask's values.
+        assert (s["fetches"] > 0) == mask, s
