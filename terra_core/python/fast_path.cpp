@@ -19,6 +19,7 @@
 #include <torch/csrc/utils/python_numbers.h>
 
 #include <array>
+#include <optional>
 #include <utility>
 
 #include "python_runner.h"
@@ -127,6 +128,21 @@ std::array<Entry, 56> entries = {
 // own (Parameter's is PyTorch's disabled one). Instances of other subclasses take the original.
 PyTypeObject* plain_types[2] = {nullptr, nullptr};
 
+// A Python number as PyTorch's parser reads one (bool, int, float), or nothing for anything else
+// (an int beyond 64 bits, a 0-dim tensor, which the parser would read with .item()).
+std::optional<at::Scalar> python_number(PyObject* obj) {
+  if (PyBool_Check(obj)) return at::Scalar(obj == Py_True);
+  if (PyFloat_CheckExact(obj)) return at::Scalar(PyFloat_AS_DOUBLE(obj));
+  if (!PyLong_CheckExact(obj)) return std::nullopt;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return at::Scalar(static_cast<int64_t>(v));
+}
+
 // A tensor argument as PyTorch's parser would take it, or false where the parser would do
 // something this path does not (a __torch_function__ to call, another type).
 bool tensor_arg(PyObject* obj, bool numbers, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
@@ -136,50 +152,21 @@ bool tensor_arg(PyObject* obj, bool numbers, torch::jit::Stack* stack, c10::Disp
     stack->emplace_back(t);
     return true;
   }
-  if (!numbers) return false;
+  const std::optional<at::Scalar> number = numbers ? python_number(obj) : std::nullopt;
+  if (!number) return false;
   // A Python number becomes a wrapped 0-dim tensor, as PythonArgs::tensor makes it.
-  at::Scalar scalar;
-  if (PyBool_Check(obj)) {
-    scalar = at::Scalar(obj == Py_True);
-  } else if (PyLong_CheckExact(obj)) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return false;
-    }
-    scalar = at::Scalar(static_cast<int64_t>(v));
-  } else if (PyFloat_CheckExact(obj)) {
-    scalar = at::Scalar(PyFloat_AS_DOUBLE(obj));
-  } else {
-    return false;
-  }
   at::AutoDispatchBelowADInplaceOrView guard;
-  at::Tensor t = at::scalar_to_tensor(scalar);
+  at::Tensor t = at::scalar_to_tensor(*number);
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
   stack->emplace_back(std::move(t));
   return true;
 }
 
-// A Scalar argument as PyTorch's parser takes a Python number (bool, int, float); false for
-// anything else (a 0-dim tensor, which the parser would read with .item()).
+// A Scalar argument: a Python number, as the parser takes it.
 bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
-  if (PyBool_Check(obj)) {
-    stack->emplace_back(c10::Scalar(obj == Py_True));
-  } else if (PyLong_CheckExact(obj)) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return false;
-    }
-    stack->emplace_back(c10::Scalar(static_cast<int64_t>(v)));
-  } else if (PyFloat_CheckExact(obj)) {
-    stack->emplace_back(c10::Scalar(PyFloat_AS_DOUBLE(obj)));
-  } else {
-    return false;
-  }
-  return true;
+  const std::optional<at::Scalar> number = python_number(obj);
+  if (number) stack->emplace_back(*number);
+  return number.has_value();
 }
 
 size_t tensors_of(Form form) {
