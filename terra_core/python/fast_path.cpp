@@ -19,7 +19,9 @@
 #include <torch/csrc/utils/python_numbers.h>
 
 #include <array>
+#include <iterator>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "python_runner.h"
@@ -62,7 +64,7 @@ struct Entry {
 #define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
   Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
 
-std::array<Entry, 56> entries = {
+Entry entries[] = {
     TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("__radd__", "aten::add", "Tensor", BinaryAlpha, true, true),
     TERRA_METHOD("add", "aten::add", "Tensor", BinaryAlpha, true, false),
@@ -223,7 +225,7 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
   // pre-dispatch tracing), Terra included on this thread and not excluded, no profiler callbacks.
   const auto local = c10::impl::tls_local_dispatch_key_set();
   const c10::DispatchKeySet effective = (keys | local.included_) - local.excluded_;
-  return effective.highestPriorityTypeId() == PythonRunner::hook_key() && !at::hasCallbacks();
+  return effective.highestPriorityTypeId() == PythonRunner::kHookKey && !at::hasCallbacks();
 }
 
 PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
@@ -276,7 +278,7 @@ constexpr std::array<PyCFunction, sizeof...(I)> make_entry_points(std::index_seq
   return {reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_point<I>))...};
 }
 
-const auto entry_points = make_entry_points(std::make_index_sequence<entries.size()>());
+const auto entry_points = make_entry_points(std::make_index_sequence<std::extent_v<decltype(entries)>>());
 
 }  // namespace
 
@@ -287,7 +289,7 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
   plain_types[0] = reinterpret_cast<PyTypeObject*>(tensor.ptr());
   plain_types[1] = reinterpret_cast<PyTypeObject*>(
       pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
-  for (size_t i = 0; i < entries.size(); ++i) {
+  for (size_t i = 0; i < std::size(entries); ++i) {
     Entry& e = entries[i];
     PyObject* owner = e.owner == Owner::Tensor ? tensor.ptr()
                       : e.owner == Owner::Torch ? torch_module.ptr()

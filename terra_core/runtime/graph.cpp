@@ -143,18 +143,19 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
 nlohmann::json stats_json(const Graph& g) {
   size_t edges = 0;
   for (const auto& n : g.nodes) edges += n.succ.size();
-  std::vector<std::pair<uint64_t, std::string>> dispatched;
+  std::map<std::string, uint64_t> by_op;  // dispatched co-executed ops, per operator
   uint64_t dispatched_total = 0;
-  for (const auto& [schema, count] : g.ops_dispatched) {
-    dispatched.emplace_back(count, c10::toString(schema->operator_name()));
-    dispatched_total += count;
+  for (const auto& n : g.nodes) {
+    if (n.dispatched == 0 || !n.tmpl.op) continue;
+    by_op[c10::toString(n.tmpl.op->operator_name())] += n.dispatched;
+    dispatched_total += n.dispatched;
   }
-  std::sort(dispatched.begin(), dispatched.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
+  std::vector<std::pair<std::string, uint64_t>> dispatched(by_op.begin(), by_op.end());
+  std::stable_sort(dispatched.begin(), dispatched.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   nlohmann::json top = nlohmann::json::array();
   for (size_t i = 0; i < dispatched.size() && i < 8; ++i)
-    top.push_back({dispatched[i].second, dispatched[i].first});
+    top.push_back({dispatched[i].first, dispatched[i].second});
   return {{"name", g.name},
           {"nodes", g.nodes.size()},
           {"edges", edges},

@@ -34,6 +34,9 @@ struct Node {
   OpTemplate tmpl;
   uint64_t lookup = 0;
   uint64_t count = 0;
+  // Times co-executed after arriving through the dispatcher rather than the C fast path
+  // (python/fast_path.cpp): where the fast path would help next (`%terra explain`).
+  uint64_t dispatched = 0;
   std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
 };
 
@@ -55,12 +58,9 @@ struct Graph {
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
-  // Ops that reached co-execution through the C fast path (python/fast_path.cpp) rather than
-  // PyTorch's binding and the dispatcher.
+  // Co-executed ATen ops that came through the C fast path (python/fast_path.cpp) rather than
+  // PyTorch's binding and the dispatcher (those are counted per node: Node::dispatched).
   uint64_t ops_fast = 0;
-  // Co-executed ATen ops that came through the dispatcher, per operator: where the fast path
-  // would help next (`%terra explain`).
-  std::unordered_map<const c10::FunctionSchema*, uint64_t> ops_dispatched;
   std::vector<Fallback> fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.

@@ -25,7 +25,7 @@ namespace {
 // The dispatch key Terra's fallback is registered on. It sits above autograd, autocast and the
 // Python modes, so the fallback sees each call exactly as the program issued it (before
 // composite ops decompose), and it is only ever active through thread-local inclusion.
-constexpr c10::DispatchKey kTerraKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+constexpr c10::DispatchKey kTerraKey = PythonRunner::kHookKey;
 constexpr uint32_t kNoNode = UINT32_MAX;
 constexpr uint64_t kEntryBoundary = 1;
 // How far (in issued ops) the program thread may run ahead of the GraphRunner before it sleeps,
@@ -364,21 +364,9 @@ PythonRunner::Mode PythonRunner::stable_mode() {
   return Mode::Eager;
 }
 
-bool Policy::adaptive_default() {
-  const char* env = std::getenv("TERRA_ADAPTIVE");
-  return !(env && std::string(env) == "0");
-}
-
-bool Policy::fast_path_default() {
-  const char* env = std::getenv("TERRA_FAST_PATH");
-  return !(env && std::string(env) == "0");
-}
-
-c10::DispatchKey PythonRunner::hook_key() { return kTerraKey; }
-
-bool Policy::replay_default() {
-  const char* env = std::getenv("TERRA_REPLAY");
-  return !(env && std::string(env) == "0");
+bool Policy::on_unless_zero(const char* env) {
+  const char* value = std::getenv(env);
+  return !(value && std::string(value) == "0");
 }
 
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
@@ -400,10 +388,16 @@ void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
     call_below(op, stack);
     return;
   }
+  run_aten(op, stack, /*fast=*/false);
+}
+
+void PythonRunner::run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast) {
   auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
-  if (mode_ == Mode::CoExec && !fast_entry_) ++graph_->ops_dispatched[&op.schema()];
   uint64_t lookup = lookup_key(OpKind::Aten, &op);
-  if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, {}, lookup, stack, exec)) return;
+  if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, {}, lookup, stack, exec)) {
+    ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched);  // cur_: the op's node
+    return;
+  }
   trace_op(OpKind::Aten, &op, c10::toString(op.operator_name()), lookup, stack, exec);
 }
 

@@ -41,20 +41,19 @@ struct Policy {
   // Time co-execution against eager execution and run whichever is faster (terra/payoff.h);
   // co-execution is kept while it takes at most (1 + payoff_margin) times eager's time. The
   // default comes from TERRA_ADAPTIVE (0: off), so test suites can pin co-execution.
-  bool adaptive = adaptive_default();
+  bool adaptive = on_unless_zero("TERRA_ADAPTIVE");
   double payoff_margin = 0.0;
   // The faster mode is held long enough that re-timing the slower one costs at most this share
   // of the time (terra::Payoff::hold_for).
   double payoff_check_budget = 0.03;
   // The GraphRunner replays recorded iterations below autograd (block_replay.h). The default
   // comes from TERRA_REPLAY (0: off).
-  bool replay = replay_default();
+  bool replay = on_unless_zero("TERRA_REPLAY");
   // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
-  bool fast_path = fast_path_default();
-  static bool adaptive_default();
-  static bool replay_default();
-  static bool fast_path_default();
+  bool fast_path = on_unless_zero("TERRA_FAST_PATH");
+  // A default from the environment: on unless the variable is "0".
+  static bool on_unless_zero(const char* env);
 };
 
 class PythonRunner {
@@ -78,18 +77,13 @@ class PythonRunner {
   // do so where the dispatcher route would reach the fallback now (`fast_ready` and the keys of
   // the arguments, which the caller checks).
   bool fast_ready() const { return mode_ == Mode::CoExec && paused_ == 0 && policy_.fast_path; }
-  static c10::DispatchKey hook_key();
+  // The dispatch key Terra's fallback is registered on (python_runner.cpp says why this one).
+  static constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
   // Puts the fast path's entry points in (true) or takes them out (terra/_patches.py): they are
   // taken out while a loop runs eagerly, where every call would only pass through them.
   void set_fast_path_switch(std::function<void(bool)> put_in) { fast_path_switch_ = std::move(put_in); }
   void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-    ++graph_->ops_fast;
-    fast_entry_ = true;
-    struct Left {
-      bool& entered;
-      ~Left() { entered = false; }
-    } left{fast_entry_};
-    on_aten(op, {}, stack);
+    run_aten(op, stack, /*fast=*/true);  // co-executing (fast_ready); no entry is a passthrough op
   }
   // backward / .grad / .grad = : `exec` runs the real thing on the given stack.
   void on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
@@ -125,11 +119,13 @@ class PythonRunner {
 
  private:
   enum class Mode { Off, Tracing, CoExec, Eager };
-  bool fast_entry_ = false;  // on_aten was called by on_fast, not by the dispatcher
   std::function<void(bool)> fast_path_switch_;
   bool fast_path_out_ = false;  // taken out for this session's eager iterations
   using Exec = std::function<void(torch::jit::Stack*)>;
 
+  // An ATen op the program issued while tracing or co-executing; `fast`: it came through the C
+  // fast path, not the dispatcher.
+  void run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast);
   void trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
   bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,

@@ -221,18 +221,24 @@ def test_eager_by_choice_is_reported_and_switchable(kc):
     assert "adaptive = off" in ok(kc, "%terra config")
 
 
+def assert_switchable(kc, key):
+    """`%terra config key=off` turns the engine's setting off (as terra.config() reads it), and
+    `key=on` back on."""
+    assert f"{key} = on" in ok(kc, "%terra config")
+    ok(kc, f"%terra config {key}=off")
+    try:
+        assert f"{key} = off" in ok(kc, "%terra config")
+        assert ok(kc, f"import terra; print(terra.config()[{key!r}])").strip() == "False"
+    finally:
+        ok(kc, f"%terra config {key}=on")
+    assert f"{key} = on" in ok(kc, "%terra config")
+
+
 def test_replay_is_a_setting_and_replayed_iterations_are_shown(kc):
     out = ok(kc, TRAIN.format(steps=30, extra=""))
     status = ok(kc, "%terra status")
     assert "replayed" in status, status
-    assert "replay = on" in ok(kc, "%terra config")
-    ok(kc, "%terra config replay=off")
-    try:
-        assert "replay = off" in ok(kc, "%terra config")
-        assert ok(kc, "import terra; print(terra.config()['replay'])").strip() == "False"
-    finally:
-        ok(kc, "%terra config replay=on")
-    assert "replay = on" in ok(kc, "%terra config")
+    assert_switchable(kc, "replay")
     assert out is not None
 
 
@@ -244,12 +250,7 @@ def test_fast_path_is_a_setting_and_its_share_is_shown(kc):
     shares = [row[at:].split()[0] for row in rows]
     assert any(s.endswith("%") and int(s[:-1]) > 0 for s in shares), status
     assert "through the dispatcher most often" in ok(kc, "%terra explain")
-    ok(kc, "%terra config fast_path=off")
-    try:
-        assert "fast_path = off" in ok(kc, "%terra config")
-        assert ok(kc, "import terra; print(terra.config()['fast_path'])").strip() == "False"
-    finally:
-        ok(kc, "%terra config fast_path=on")
+    assert_switchable(kc, "fast_path")
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

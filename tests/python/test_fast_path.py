@@ -18,12 +18,8 @@ ENTRIES = [(owner, name) for owner, name, _ in
 
 
 @pytest.fixture(autouse=True)
-def fresh_graphs():
-    terra.reset()
+def fast_path_on(fresh_graphs):  # tests/python/conftest.py
     terra.config(fast_path=True)
-    yield
-    terra.config(fast_path=True)
-    terra.reset()
 
 
 def operands():
@@ -217,14 +213,10 @@ def test_the_fast_path_is_taken_out_while_a_loop_runs_eagerly():
             seen.append("__add__" in torch.Tensor.__dict__)
         return seen
 
-    default = terra.config()["max_divergences"]
     assert terra.run(prog, torch.zeros(2))[-1] is True  # traced and co-executed: in
     terra.reset()
     terra.config(max_divergences=0)  # every iteration start runs eagerly from the first
-    try:
-        seen = terra.run(prog, torch.zeros(2))
-    finally:
-        terra.config(max_divergences=default)
+    seen = terra.run(prog, torch.zeros(2))  # (the fixture restores the policy)
     assert not any(seen), seen
     assert "__add__" not in torch.Tensor.__dict__  # and the session left nothing behind
 

@@ -9,12 +9,8 @@ import terra
 
 
 @pytest.fixture(autouse=True)
-def fresh_graphs():
-    terra.reset()
+def replay_on(fresh_graphs):  # tests/python/conftest.py
     terra.config(replay=True)
-    yield
-    terra.config(replay=True)
-    terra.reset()
 
 
 def train(steps, fetch_before_backward=False, keep=None):

@@ -108,6 +108,14 @@ struct SgdProgram {
   at::Tensor w = at::randn({4, 3}).requires_grad_();
   at::Tensor x = at::randn({5, 4});
 
+  // The same program on copies of this one's tensors (the co-executed side of a comparison).
+  SgdProgram twin() const {
+    SgdProgram t;
+    t.w = w.detach().clone().requires_grad_();
+    t.x = x.clone();
+    return t;
+  }
+
   void eager_step(double lr, const at::Tensor& s, bool set_to_none) {
     if (set_to_none) w.mutable_grad() = at::Tensor();
     at::Tensor loss = (x.mm(w) * s).sum();
@@ -135,9 +143,8 @@ struct SgdProgram {
 
 TEST(BlockReplay, AnSgdStepIsReplayedBitwiseWithANewLearningRateEachIteration) {
   at::manual_seed(1);
-  SgdProgram eager, coexec;
-  coexec.w = eager.w.detach().clone().requires_grad_();
-  coexec.x = eager.x.clone();
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
   const int64_t eager_version = eager.w._version(), coexec_version = coexec.w._version();
   GraphRunner runner;
   Issuer is(runner);
@@ -160,9 +167,8 @@ TEST(BlockReplay, AnSgdStepIsReplayedBitwiseWithANewLearningRateEachIteration) {
 
 TEST(BlockReplay, GradientsAccumulateInPlaceAsInEager) {
   at::manual_seed(2);
-  SgdProgram eager, coexec;
-  coexec.w = eager.w.detach().clone().requires_grad_();
-  coexec.x = eager.x.clone();
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
   GraphRunner runner;
   Issuer is(runner);
   const c10::TensorImpl* eager_grad = nullptr;
@@ -244,9 +250,8 @@ TEST(BlockReplay, AnInPlaceUpdateThroughAViewBumpsItsBasesVersion) {
 
 TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
   at::manual_seed(4);
-  SgdProgram eager, coexec;
-  coexec.w = eager.w.detach().clone().requires_grad_();
-  coexec.x = eager.x.clone();
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
   int eager_calls = 0, coexec_calls = 0;
   eager.w.register_hook([&](const at::Tensor& g) { ++eager_calls; return g * 2; });
   coexec.w.register_hook([&](const at::Tensor& g) { ++coexec_calls; return g * 2; });
@@ -272,9 +277,8 @@ TEST(BlockReplay, AProgramThatWaitsBeforeTheBackwardRunsItsForwardThroughAutogra
   // the backward will come, so the forward must build eager's autograd graph. Its kernels are
   // bound to the block, and the backward and the update are still replayed.
   at::manual_seed(5);
-  SgdProgram eager, coexec;
-  coexec.w = eager.w.detach().clone().requires_grad_();
-  coexec.x = eager.x.clone();
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
   GraphRunner runner;
   Issuer is(runner);
   for (int i = 0; i < 6; ++i) {

@@ -109,9 +109,20 @@ _BACKEND_SETTERS = tuple(n for n in dir(torch._C) if n.startswith("_set_") and a
                      "nnpack", "sdp", "reduced_precision", "qengine")))
 
 
-def _set(owner, name, value):
-    _saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+def _set(owner, name, value, saved=_saved):
+    saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
     setattr(owner, name, value)
+
+
+def _restore(saved):
+    """Undoes the `_set`s recorded in `saved`, latest first: each owner gets back its own
+    attribute, or none (it inherited it)."""
+    while saved:
+        owner, name, value = saved.pop()
+        if value is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
 
 
 _MISSING = object()
@@ -127,9 +138,13 @@ def _settle(*values):
             _C.materialize(v)
 
 
-def _settled(original):
+def _settled(original, unchanged=None):
+    """`original`, run once the GraphRunner has caught up (_settle); `unchanged(*args, **kwargs)`
+    says when a call changes nothing, so it need not wait."""
     @functools.wraps(original)
     def settled(*args, **kwargs):
+        if unchanged is not None and unchanged(*args, **kwargs):
+            return original(*args, **kwargs)
         _settle(*args, *kwargs.values())
         result = original(*args, **kwargs)
         # The result too: `_make_subclass` detaches through the dispatcher, so the new leaf would
@@ -140,27 +155,15 @@ def _settled(original):
     return settled
 
 
-def _requires_grad_(original):
-    settled = _settled(original)
-
-    @functools.wraps(original)
-    def requires_grad_(self, requires_grad=True):
-        # `requires_grad_(False)` on a tensor that does not require grad changes nothing, so it
-        # need not wait for the GraphRunner: `optimizer.zero_grad(set_to_none=False)` calls it on
-        # every gradient, and each wait cost a round trip of 30 µs (corpus p01: 6 per step).
-        if not requires_grad and type(self) is torch.Tensor and not self.requires_grad:
-            return original(self, False)
-        return settled(self, requires_grad)
-
-    return requires_grad_
+def _requires_grad_unchanged(self, requires_grad=True):
+    # Turning requires_grad off where it is off: `optimizer.zero_grad(set_to_none=False)` does
+    # that to every gradient, and each wait cost a round trip of 30 µs (corpus p01: 6 per step).
+    return not requires_grad and type(self) is torch.Tensor and not self.requires_grad
 
 
-def _settled_setter(descriptor):
-    def setter(self, value):
-        _settle(self, value)
-        descriptor.__set__(self, value)
-
-    return property(descriptor.__get__, setter, None, descriptor.__doc__)
+def _settled_setter(descriptor, unchanged=None):
+    set_settled = _settled(descriptor.__set__, unchanged)
+    return property(descriptor.__get__, set_settled, None, descriptor.__doc__)
 
 
 def install():
@@ -171,12 +174,13 @@ def install():
     _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__))
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
-    _set(torch.Tensor, "requires_grad_", _requires_grad_(torch.Tensor.requires_grad_))
+    _set(torch.Tensor, "requires_grad_", _settled(torch.Tensor.requires_grad_, _requires_grad_unchanged))
     _set(torch.Tensor, "_make_subclass", staticmethod(_settled(torch.Tensor._make_subclass)))
     for name in ("retain_grad", "register_hook", "register_post_accumulate_grad_hook"):
         _set(torch.Tensor, name, _settled(getattr(torch.Tensor, name)))
-    for name in ("requires_grad", "data"):
-        _set(torch.Tensor, name, _settled_setter(getattr(torch._C.TensorBase, name)))
+    _set(torch.Tensor, "requires_grad",
+         _settled_setter(torch._C.TensorBase.requires_grad, _requires_grad_unchanged))
+    _set(torch.Tensor, "data", _settled_setter(torch._C.TensorBase.data))
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
@@ -193,7 +197,7 @@ def install():
         _set(torch.random, name, _synced(getattr(torch.random, name)))
 
 
-_fast = []  # (owner, name, the owner's own attribute or _MISSING) while the fast path is in
+_fast = []  # what fast_path(True) replaced, for _restore
 
 
 def fast_path(on):
@@ -203,15 +207,9 @@ def fast_path(on):
     runs eagerly (where each call would only pass through it) and puts it back after."""
     if on and not _fast:
         for owner, name, replacement in _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional):
-            _fast.append((owner, name, owner.__dict__.get(name, _MISSING)))
-            setattr(owner, name, replacement)
+            _set(owner, name, replacement, _fast)
     elif not on:
-        while _fast:
-            owner, name, value = _fast.pop()
-            if value is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
+        _restore(_fast)
 
 
 _C.set_fast_path_switch(fast_path)
@@ -219,9 +217,4 @@ _C.set_fast_path_switch(fast_path)
 
 def uninstall():
     fast_path(False)
-    while _saved:
-        owner, name, value = _saved.pop()
-        if value is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, value)
+    _restore(_saved)
