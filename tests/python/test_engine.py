@@ -402,8 +402,11 @@ def test_autocast_switched_off_mid_run_is_a_new_path_not_a_wrong_result():
 def test_dataloader_worker_batches_are_graph_inputs_not_constants():
     # Batches from worker processes are rebuilt onto the shared-memory Storage each worker sent
     # (aten::set_.source_Storage): a new Storage object every batch, which must validate as an
-    # input. After three epochs (warm-up, then the epoch boundary's own paths) nearly every
-    # iteration co-executes, bitwise like eager.
+    # input. After three epochs (warm-up, then the epoch boundary's own paths) most iterations
+    # co-execute, bitwise like eager. Not all: when a worker's batch arrives before the one the
+    # program waits for, the DataLoader buffers it and skips a Queue.get later, a path that depends
+    # on the workers' timing (new ops or a new branch, never different arguments). A storage
+    # recorded as a constant would make every batch diverge with "the arguments differ".
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
@@ -415,7 +418,9 @@ def test_dataloader_worker_batches_are_graph_inputs_not_constants():
     corpus.assert_same_state(eager_state, terra_state, names=("eager", "terra"))
     modes = [it["mode"] for it in terra.timeline("main")["iterations"]]
     steady = modes[len(modes) * 3 // 5:-1]  # the last two of five epochs, without the exit segment
-    assert sum(m == "coexec" for m in steady) >= 0.9 * len(steady), modes
+    assert sum(m == "coexec" for m in steady) >= 0.6 * len(steady), modes
+    reasons = [e["reason"] for e in terra.explain("main")]
+    assert not any(r.startswith("the arguments differ") for r in reasons), reasons
 
 
 def thread_count_program(steps):
