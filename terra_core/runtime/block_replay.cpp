@@ -649,6 +649,12 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
           // Not grad_fn(): that accessor re-checks views made under no_grad and may raise.
           m.pending.emplace_back(m.index, c10::intrusive_ptr<torch::autograd::Node>::reclaim_copy(fn));
           history = true;
+          auto& names = m.block.grad_fn_names;
+          const std::string name = fn->name();
+          auto at = std::find(names.begin(), names.end(), name);
+          if (at == names.end()) at = names.insert(names.end(), name);
+          p.grad_fns.resize(p.outs.size() + 1, -1);
+          p.grad_fns.back() = static_cast<int32_t>(at - names.begin());
         } else if (t.requires_grad() && r.kind == Ref::Kind::Value && !m.is_load[r.id]) {
           return refuse("makes a leaf that requires grad");
         }
@@ -728,14 +734,17 @@ namespace {
 // The grad_fn of a replayed output that eager execution would have given one: the backward that
 // consumed eager's graph has run (replayed), so reaching it again is eager's error.
 struct ReplayedHistory final : torch::autograd::Node {
-  ReplayedHistory() : Node(/*sequence_nr=*/0) {}
+  explicit ReplayedHistory(std::string name) : Node(/*sequence_nr=*/0), name_(std::move(name)) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
     TORCH_CHECK(false,
                 "Trying to backward through the graph a second time (or directly access saved "
                 "tensors after they have already been freed). Terra replayed this iteration below "
                 "autograd, and its backward has already run.");
   }
-  std::string name() const override { return "TerraReplayedBackward"; }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;  // the node eager execution made (Python shows `grad_fn=<MulBackward0>`)
 };
 
 c10::IValue raw_item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
@@ -762,14 +771,14 @@ void BlockReplayer::start(const Block& block) {
   block_ = &block;
   next_ = 0;
   table_.assign(block.table_size, c10::IValue());
-  freed_.reset();
+  freed_.assign(block.grad_fn_names.size() + 1, {});
 }
 
 void BlockReplayer::finish() {
   block_ = nullptr;
   next_ = 0;
   table_.clear();
-  freed_.reset();
+  freed_.clear();
 }
 
 c10::IValue BlockReplayer::value(const Ref& r) const {
@@ -975,9 +984,15 @@ void BlockReplayer::run(WorkItem& item) {
       if (!item.outs[k]) continue;
       at::Tensor v = tensor(p.outs[k]);
       if (item.expect && (*item.expect)[k].meta.requires_grad && !v.requires_grad()) {
-        if (!freed_) freed_ = c10::make_intrusive<ReplayedHistory>();
-        const uint32_t nr = freed_->add_input_metadata(v);
-        torch::autograd::impl::set_gradient_edge(v, torch::autograd::Edge(freed_, nr));
+        const int32_t name = k < p.grad_fns.size() ? p.grad_fns[k] : -1;
+        const auto& names = block_->grad_fn_names;
+        auto& node = freed_[name < 0 ? names.size() : static_cast<size_t>(name)];
+        if (!node) {
+          node = c10::make_intrusive<ReplayedHistory>(name < 0 ? "TerraReplayedBackward"
+                                                               : names[static_cast<size_t>(name)]);
+        }
+        const uint32_t nr = node->add_input_metadata(v);
+        torch::autograd::impl::set_gradient_edge(v, torch::autograd::Edge(node, nr));
       }
       fill_output(item, k, v);
     }

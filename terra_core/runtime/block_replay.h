@@ -100,6 +100,8 @@ struct ItemPlan {
   // Python numbers of the item that the kernels do not re-read: they must be as recorded.
   std::vector<std::pair<uint32_t, c10::IValue>> guards;
   std::vector<Ref> outs;     // the item's outputs, in the order of WorkItem::outs
+  // Per output: its grad_fn's name when recorded (an index into Block::grad_fn_names), or -1.
+  std::vector<int32_t> grad_fns;
   int32_t out_table = -1;    // GradRead: where its output goes
   struct GradEffect {
     uint32_t leaf = 0;
@@ -126,6 +128,9 @@ struct Block {
   // Where each leaf was loaded: (item index, index in its loads).
   std::vector<std::pair<uint32_t, uint32_t>> leaf_loads;
   uint32_t table_size = 0;
+  // What the outputs' grad_fns were called (MulBackward0...): the replayed outputs' stand-ins
+  // carry the same names, so printing a tensor shows what eager execution shows.
+  std::vector<std::string> grad_fn_names;
   // Every kernel, run again on copies of its arguments with one intra-op thread while recorded,
   // gave the same bits (and drew the same random numbers) as with the program's thread count:
   // the GraphRunner replays the block with one thread (GraphRunner::use_threads). Which code
@@ -221,7 +226,8 @@ class BlockReplayer {
   uint32_t bind_cursor_ = 0, bind_end_ = 0;  // binding: the next recorded kernel, the item's end
   bool bind_ok_ = true;
   std::vector<c10::IValue> table_;
-  c10::intrusive_ptr<torch::autograd::Node> freed_;  // the grad_fn of outputs (see the header)
+  // The grad_fns of outputs (see the header), one per name in Block::grad_fn_names.
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> freed_;
   uint64_t kernels_ = 0;
 };
 

@@ -87,6 +87,8 @@ def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager(
     assert terra.stats("train")["iterations_replayed"] >= 5
     for e, c in zip(eager_keep, coexec_keep):
         assert c.requires_grad == e.requires_grad and (c.grad_fn is None) == (e.grad_fn is None)
+        # Printed as eager prints it: `tensor(..., grad_fn=<MseLossBackward0>)`.
+        assert repr(c) == repr(e) and c.grad_fn.name() == e.grad_fn.name()
     with pytest.raises(RuntimeError, match="backward through the graph a second time") as eager_error:
         eager_keep[-2].backward()
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
