@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <limits>
 #include <sstream>
 
 namespace terra::runtime {
@@ -48,6 +50,79 @@ bool has_bool_index(const c10::IValue& v) {
     if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
       return true;
   return false;
+}
+
+IndexedView indexed_view_of(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  const c10::OperatorName& name = op.operator_name();
+  if (args.empty() || !args[0].isTensor() || !args[0].toTensor().defined()) return IndexedView::None;
+  if (name.name == "aten::select" && name.overload_name == "int") return IndexedView::Select;
+  if (name.name == "aten::slice" && name.overload_name == "Tensor") return IndexedView::Slice;
+  if (name.name == "aten::narrow" && name.overload_name.empty()) return IndexedView::Narrow;
+  return IndexedView::None;
+}
+
+// The arguments of an indexed view that place it in its base: select's index, slice's start and
+// end, narrow's start.
+bool is_position_arg(IndexedView view, size_t i) {
+  switch (view) {
+    case IndexedView::Select: return i == 2;
+    case IndexedView::Slice: return i == 2 || i == 3;
+    case IndexedView::Narrow: return i == 2;
+    case IndexedView::None: return false;
+  }
+  return false;
+}
+
+// Where an indexed view starts along its dimension, and how long it is; nullopt where eager
+// execution raises (an index out of range).
+struct ViewPlace {
+  int64_t dim = 0, start = 0, length = 0;
+};
+
+std::optional<ViewPlace> place_view(IndexedView view, const TensorMeta& base,
+                                    const torch::jit::Stack& args) {
+  const auto ndim = static_cast<int64_t>(base.sizes.size());
+  if (ndim == 0) return std::nullopt;
+  int64_t dim = args[1].toInt();
+  if (dim < -ndim || dim >= ndim) return std::nullopt;
+  if (dim < 0) dim += ndim;
+  const int64_t size = base.sizes[static_cast<size_t>(dim)];
+  ViewPlace p;
+  p.dim = dim;
+  switch (view) {
+    case IndexedView::Select: {
+      int64_t index = args[2].toInt();
+      if (index < -size || index >= size) return std::nullopt;
+      p.start = index < 0 ? index + size : index;
+      p.length = 1;
+      return p;
+    }
+    case IndexedView::Slice: {  // clamped as at::slice clamps
+      const int64_t step = args[4].toInt();
+      if (step <= 0) return std::nullopt;
+      int64_t start = args[2].isNone() ? 0 : args[2].toInt();
+      int64_t end = args[3].isNone() ? std::numeric_limits<int64_t>::max() : args[3].toInt();
+      if (start < 0) start += size;
+      if (end < 0) end += size;
+      start = std::clamp<int64_t>(start, 0, size);
+      end = std::clamp<int64_t>(end, start, size);
+      p.start = start;
+      p.length = (end - start + step - 1) / step;
+      return p;
+    }
+    case IndexedView::Narrow: {
+      int64_t start = args[2].toInt();
+      const int64_t length = args[3].toInt();
+      if (start < -size || start > size) return std::nullopt;
+      if (start < 0) start += size;
+      if (length < 0 || start > size - length) return std::nullopt;
+      p.start = start;
+      p.length = length;
+      return p;
+    }
+    case IndexedView::None: break;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -96,11 +171,16 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   t.autocast = AutocastState::current();
   t.global = GlobalState::current();
   const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
+  if (op) t.indexed_view = indexed_view_of(*op, args);
   bool any_tensor = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
     ArgSpec a;
-    if (v.isTensor() && !v.toTensor().defined()) {
+    if (v.isInt() && is_position_arg(t.indexed_view, i)) {
+      a.kind = Kind::Feed;
+      a.feed_tag = number_kind(v);
+      a.constant = v;  // kept: the template is a plain one again if the view is its own input
+    } else if (v.isTensor() && !v.toTensor().defined()) {
       a.kind = Kind::Constant;  // an undefined tensor: validated as such
       a.constant = v;
     } else if (v.isTensor()) {
@@ -219,6 +299,19 @@ void OpTemplate::mark_same_as_input(size_t out, int arg) {
   if (out < outs.size()) outs[out].alias_arg = arg;
   noop_alias = !mutates_input && !outs.empty();
   for (const OutSpec& o : outs) noop_alias = noop_alias && o.alias_arg >= 0;
+  if (noop_alias && indexed_view != IndexedView::None) {
+    // A view that was its own input (a slice covering everything): only these positions are.
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].kind == Kind::Feed && is_position_arg(indexed_view, i)) args[i].kind = Kind::Constant;
+    indexed_view = IndexedView::None;
+  }
+}
+
+int64_t OpTemplate::view_offset(const torch::jit::Stack& call) const {
+  const at::Tensor& base = call[0].toTensor();
+  const auto place = place_view(indexed_view, args[0].metas[0], call);
+  TORCH_INTERNAL_ASSERT(place, "view_offset of a call that does not match");
+  return base.storage_offset() + place->start * base.stride(place->dim);
 }
 
 bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const {
@@ -285,6 +378,18 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         break;
     }
     if (!ok) return false;
+  }
+  if (indexed_view != IndexedView::None) {
+    const auto place = place_view(indexed_view, args[0].metas[0], call);
+    if (!place) {
+      if (why) *why = "the view's position is out of range";
+      return false;
+    }
+    if (indexed_view != IndexedView::Select && !outs.empty() &&
+        place->length != outs[0].meta.sizes[static_cast<size_t>(place->dim)]) {
+      if (why) *why = "the slice has another length than traced";
+      return false;
+    }
   }
   return true;
 }

@@ -6,7 +6,11 @@
 //   float/Scalar arguments and Python numbers wrapped as tensors -> feeds: their value may change
 //     every iteration without a re-trace (learning rates, loop-dependent constants);
 //   everything else (ints, int lists, bools, dtypes, devices, strings, None) -> structural
-//     constants that must be equal, since they can change the outputs' shapes.
+//     constants that must be equal, since they can change the outputs' shapes;
+//   except the position of an indexed view (`x[i]`, `x[a:b]`, `x.narrow(d, a, n)` with Python
+//     ints that change every iteration, as a loop's batch start does): feeds too, checked against
+//     the input's size (out of range: the call diverges and raises as eager does) and against
+//     the traced output's size, the view's storage offset computed for each call.
 // Outputs record their metadata (placeholders are made from it) and whether they alias an input
 // (in-place and out= ops return the very tensor they were given).
 #pragma once
@@ -55,6 +59,9 @@ struct OutSpec {
   TensorMeta meta;
 };
 
+// The views whose position in their base comes from Python ints (see the top of this file).
+enum class IndexedView : uint8_t { None, Select, Slice, Narrow };
+
 struct OpTemplate {
   OpKind kind = OpKind::Aten;
   std::optional<c10::OperatorHandle> op;
@@ -68,6 +75,7 @@ struct OpTemplate {
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)
   bool scalar_outputs = false;      // every output is a 0-d tensor (host scalar candidate)
+  IndexedView indexed_view = IndexedView::None;
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
   std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other
@@ -93,6 +101,8 @@ struct OpTemplate {
   // Does this call (same op, stack position) match the template? On mismatch `why` says how.
   bool matches(const torch::jit::Stack& args, std::string* why) const;
   std::string label() const;  // op name and output shapes, for export and explain
+  // Indexed views: the output's storage offset for this (matching) call.
+  int64_t view_offset(const torch::jit::Stack& args) const;
 };
 
 // Identity of an op for LocationKeys: the schema's address for ATen ops, small ids otherwise.

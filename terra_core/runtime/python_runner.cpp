@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
@@ -761,7 +762,17 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     slot->runner_allocated = t.kind == OpKind::Aten;
     std::shared_ptr<AliasGroup> group;
     if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
+    // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
+    // placeholder made there would be an inference tensor, without a version counter to share).
+    const bool normal_view = o.view && c10::InferenceMode::is_enabled() && !stack->empty() &&
+                             (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
+    std::optional<c10::InferenceMode> not_inference;
+    if (normal_view) not_inference.emplace(false);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
+    not_inference.reset();
+    if (t.indexed_view != IndexedView::None) {
+      p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(*stack));
+    }
     item->outs[index] = std::move(slot);
     live_.emplace_back(p.getIntrusivePtr());
     return p;

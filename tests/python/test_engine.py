@@ -532,6 +532,75 @@ def test_forward_mode_tangents_match_eager():
     assert all(torch.equal(a, b) for a, b in zip(eager, ours))
 
 
+def indexed_views(x, steps=12):
+    # Python ints that move every iteration, never repeating, place these views (a loop's batch
+    # start, a time step).
+    out, offsets = [], []
+    for i in range(steps):
+        rows = x[i:i + 3]
+        out.append(rows * 2)
+        out.append(x[i] + 1)
+        out.append(x[:, i - 12].sin())
+        out.append(x.narrow(1, i, 2).exp())
+        offsets.extend(t.storage_offset() for t in (rows, x[i], x[:, i - 12]))
+        out.append(x[i + 1] * 3)
+    return out, offsets
+
+
+def test_indexed_views_with_moving_python_ints_are_co_executed_bitwise():
+    torch.manual_seed(0)
+    x = torch.randn(16, 16)
+    eager = indexed_views(x)
+    terra.reset()
+    ours = terra.run(indexed_views, x)
+    assert ours[1] == eager[1]  # the placeholders' storage offsets, computed per call
+    assert len(ours[0]) == len(eager[0])
+    assert all(torch.equal(a, b) for a, b in zip(eager[0], ours[0]))
+    s = terra.stats("indexed_views")
+    # Were the positions constants, every new i would be new trace nodes: nothing co-executed.
+    assert s["iterations_coexecuted"] >= 8, s
+    assert not any("arguments differ" in e["reason"] for e in terra.explain("indexed_views"))
+
+
+def view_out_of_range(x, out):
+    for step in range(12):
+        i = 50 if step == 9 else step
+        out.append(x[i:i + 3] * 2)  # x[50:53] is an empty slice: a new path, no error
+        out.append(x[i] + 1)        # x[50] raises IndexError
+
+
+def test_indexed_view_out_of_range_raises_where_eager_raises():
+    torch.manual_seed(0)
+    x = torch.randn(16, 7)
+    eager_out, terra_out = [], []
+    with pytest.raises(IndexError) as eager_error:
+        view_out_of_range(x, eager_out)
+    terra.reset()
+    with pytest.raises(IndexError) as terra_error:
+        terra.run(view_out_of_range, x, terra_out)
+    assert str(terra_error.value) == str(eager_error.value)
+    assert len(terra_out) == len(eager_out) == 19
+    assert all(torch.equal(a, b) for a, b in zip(eager_out, terra_out))
+    assert terra.stats("view_out_of_range")["iterations_coexecuted"] >= 3
+
+
+def inference_slices(x, w):
+    out = []
+    with torch.inference_mode():
+        for i in range(8):
+            rows = x[i:i + 4]  # a view of a normal tensor: a normal tensor, even in inference mode
+            out.append(((rows @ w).sum().item(), rows.is_inference(), (rows * 2).is_inference()))
+    return out
+
+
+def test_views_of_normal_tensors_in_inference_mode_are_normal_tensors():
+    torch.manual_seed(0)
+    x, w = torch.randn(20, 5), torch.randn(5, 3)
+    eager = inference_slices(x, w)
+    assert terra.run(inference_slices, x, w) == eager
+    assert terra.stats("inference_slices")["iterations_coexecuted"] >= 4
+
+
 def gather_rows(x, steps=10, mask=False):
     out = []
     for step in range(steps):
