@@ -159,6 +159,14 @@ class BlockRecorder {
   void kernel_end(const torch::jit::Stack& returns);
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
+  // After kernel_begin: the kernel is known, from an earlier recording in this process, to give
+  // the same bits with one thread, and so far the block is replayed with one: it runs with one
+  // now too. (On two cores a GraphRunner running parallel regions competes with the program
+  // thread for the cores, and every region's barrier waits for a descheduled worker: corpus
+  // p01's first co-executed iteration took 3-18 ms instead of 0.5.)
+  bool one_thread_known() const;
+  uint64_t kernels_checked() const;   // run again on copies (check_one_thread)
+  uint64_t verdicts_reused() const;   // known from an earlier recording instead
   void refuse(std::string why);
   bool refused() const { return !why_.empty(); }
   const std::string& why() const { return why_; }

@@ -286,6 +286,8 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.kernels += c.kernels;
     total.recorded += c.recorded;
     total.one_thread += c.one_thread;
+    total.checked += c.checked;
+    total.verdicts_reused += c.verdicts_reused;
     total.refused += c.refused;
     total.left += c.left;
     total.bound += c.bound;
@@ -418,6 +420,8 @@ void GraphRunner::end_iteration() {
     std::unique_ptr<Block> block = b.recorder->finish();
     std::lock_guard<std::mutex> lock(counts_mutex_);
     ReplayCounts& c = counts_[b.graph];
+    c.checked += b.recorder->kernels_checked();
+    c.verdicts_reused += b.recorder->verdicts_reused();
     if (block) {
       c.one_thread += block->one_thread;
       b.entry->block = std::move(block);

@@ -148,6 +148,9 @@ class GraphRunner {
     uint64_t kernels = 0;     // kernels replayed
     uint64_t recorded = 0;    // blocks recorded
     uint64_t one_thread = 0;  // of which replayed with one intra-op thread (block_replay.h)
+    // Kernels run again on copies to check them with one thread, and kernels whose verdict an
+    // earlier recording in the process had found (then run with one thread while recorded).
+    uint64_t checked = 0, verdicts_reused = 0;
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
     uint64_t bound = 0;       // items run through autograd with their kernels bound to a block

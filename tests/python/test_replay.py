@@ -120,3 +120,26 @@ def test_replay_setting_is_a_bool():
     assert terra.config()["replay"] is True
     terra.config(replay=False)
     assert terra.config()["replay"] is False
+
+
+def test_one_thread_verdicts_are_reused_by_later_recordings_bitwise():
+    # A recording checks each kernel with one thread on copies (Block::one_thread); the verdict
+    # is kept per kernel signature for the process, so the next recording of the same kernels
+    # runs them with one thread at once instead of three more times on copies.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        eager = train(12)
+        first = terra.run(train, 12)
+        s1 = terra.stats("train")
+        terra.reset()
+        second = terra.run(train, 12)
+        s2 = terra.stats("train")
+    finally:
+        torch.set_num_threads(threads)
+    assert same_state(eager, first) and same_state(eager, second)
+    assert s1["blocks_recorded"] >= 1 and s2["blocks_recorded"] >= 1, (s1, s2)
+    assert s1["kernels_checked"] + s1["kernel_verdicts_reused"] > 0, s1
+    assert s2["kernels_checked"] == 0 and s2["kernel_verdicts_reused"] > 0, s2
+    assert s2["blocks_one_thread"] == s1["blocks_one_thread"], (s1, s2)
+    assert s2["iterations_replayed"] >= 5, s2
