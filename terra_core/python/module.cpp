@@ -249,9 +249,10 @@ PYBIND11_MODULE(_C, m) {
     d["payoff_check_budget"] = p.payoff_check_budget;
     return d;
   });
-  m.def("set_fast_path_switch", [](py::function put_in) {
-    R().set_fast_path_switch([put_in](bool on) { put_in(on); });
-  }, "The function that puts the fast path's entry points in (True) or takes them out (False).");
+  m.def("set_eager_hold_switch", [](py::function hold) {
+    R().set_eager_hold_switch([hold](bool held) { hold(held); });
+  }, "The function that takes the session's pass-through entry points out while a loop runs "
+     "eagerly (True) and puts them back (False): terra/_patches.py eager_hold.");
   m.def("fast_path_entries", &terra::python::fast_path_entries,
         "(owner, name, replacement) for each C fast-path entry point (python/fast_path.cpp).");
   m.def("graphs", [] {

@@ -175,7 +175,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
-  fast_path_out_ = false;  // the session starts with it in (terra/_patches.py)
+  eager_held_ = false;  // the session starts with them in (terra/_patches.py)
   grad_defined_.clear();
   scalar_use_.clear();
   set_value_graveyard(&graveyard_);
@@ -353,9 +353,9 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   mode_ = want;
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
-  if (fast_path_switch_ && (mode_ == Mode::Eager) != fast_path_out_) {
-    fast_path_out_ = mode_ == Mode::Eager;
-    fast_path_switch_(!fast_path_out_);
+  if (eager_hold_switch_ && (mode_ == Mode::Eager) != eager_held_) {
+    eager_held_ = mode_ == Mode::Eager;
+    eager_hold_switch_(eager_held_);
   }
 }
 

@@ -79,9 +79,9 @@ class PythonRunner {
   bool fast_ready() const { return mode_ == Mode::CoExec && paused_ == 0 && policy_.fast_path; }
   // The dispatch key Terra's fallback is registered on (python_runner.cpp says why this one).
   static constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
-  // Puts the fast path's entry points in (true) or takes them out (terra/_patches.py): they are
-  // taken out while a loop runs eagerly, where every call would only pass through them.
-  void set_fast_path_switch(std::function<void(bool)> put_in) { fast_path_switch_ = std::move(put_in); }
+  // Called with true when a loop starts running eagerly (the session's pass-through entry points
+  // come out: terra/_patches.py eager_hold), with false when it is traced or co-executed again.
+  void set_eager_hold_switch(std::function<void(bool)> hold) { eager_hold_switch_ = std::move(hold); }
   void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_aten(op, stack, /*fast=*/true);  // co-executing (fast_ready); no entry is a passthrough op
   }
@@ -119,8 +119,8 @@ class PythonRunner {
 
  private:
   enum class Mode { Off, Tracing, CoExec, Eager };
-  std::function<void(bool)> fast_path_switch_;
-  bool fast_path_out_ = false;  // taken out for this session's eager iterations
+  std::function<void(bool)> eager_hold_switch_;
+  bool eager_held_ = false;  // the pass-through entry points are out for eager iterations
   using Exec = std::function<void(torch::jit::Stack*)>;
 
   // An ATen op the program issued while tracing or co-executing; `fast`: it came through the C

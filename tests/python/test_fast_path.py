@@ -203,22 +203,39 @@ def test_autograd_grad_inside_a_session_runs_eagerly():
     assert all(torch.equal(a, b) for a, b in zip(prog(w), terra.run(prog, w)))
 
 
-def test_the_fast_path_is_taken_out_while_a_loop_runs_eagerly():
-    # In eager iterations every call would only pass through the replacements (and cost a C call
-    # more than eager): the engine takes them out and puts them back when co-execution resumes.
-    def prog(x, steps=12):
-        seen = []
-        for _ in range(steps):
-            x = x + 1
-            seen.append("__add__" in torch.Tensor.__dict__)
-        return seen
+def test_pass_through_entry_points_are_taken_out_while_a_loop_runs_eagerly():
+    # In eager iterations every call would only pass through the replacements (the fast path, the
+    # `.grad` and backward pseudo-ops): the engine takes them out and puts them back when the loop
+    # is traced or co-executed again.
+    import torch.autograd as autograd
+    original_backward = autograd._engine_run_backward
 
-    assert terra.run(prog, torch.zeros(2))[-1] is True  # traced and co-executed: in
+    def prog(w, steps=12):
+        seen, grads = [], []
+        for _ in range(steps):
+            loss = (w * 2 + 1).sum()
+            loss.backward()
+            grads.append(w.grad.clone())
+            seen.append(("__add__" in torch.Tensor.__dict__,
+                         torch.Tensor.__dict__.get("grad") is not None,
+                         autograd._engine_run_backward is not original_backward))
+        return seen, grads
+
+    w = torch.rand(3, requires_grad=True)
+    eager_grads = prog(w)[1]
+    w.grad = None
+    seen, grads = terra.run(prog, w)
+    assert seen[-1] == (True, True, True), seen  # traced and co-executed: in
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, grads))
     terra.reset()
+    w.grad = None
     terra.config(max_divergences=0)  # every iteration start runs eagerly from the first
-    seen = terra.run(prog, torch.zeros(2))  # (the fixture restores the policy)
-    assert not any(seen), seen
-    assert "__add__" not in torch.Tensor.__dict__  # and the session left nothing behind
+    seen, grads = terra.run(prog, w)  # (the fixture restores the policy)
+    assert not any(any(s) for s in seen), seen
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, grads))
+    # and the session left nothing behind
+    assert "__add__" not in torch.Tensor.__dict__ and "grad" not in torch.Tensor.__dict__
+    assert autograd._engine_run_backward is original_backward
 
 
 def test_zero_grad_in_place_does_not_wait_for_the_graph_runner():
