@@ -176,6 +176,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
   eager_held_ = false;  // the session starts with them in (terra/_patches.py)
+  eager_run_ = 0;
   grad_defined_.clear();
   scalar_use_.clear();
   set_value_graveyard(&graveyard_);
@@ -353,8 +354,14 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   mode_ = want;
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
-  if (eager_hold_switch_ && (mode_ == Mode::Eager) != eager_held_) {
-    eager_held_ = mode_ == Mode::Eager;
+  // The pass-through entry points go back in at once when a loop is traced or co-executed (the
+  // pseudo-ops must see its `.grad` reads and backwards); they come out only after a few eager
+  // iterations in a row: each switch costs 50-180 µs (60 class attributes set), and an outer loop
+  // running eagerly around a co-executed inner one would otherwise pay two per outer iteration.
+  eager_run_ = mode_ == Mode::Eager ? eager_run_ + 1 : 0;
+  const bool hold = eager_run_ > kEagerRunBeforeHold;
+  if (eager_hold_switch_ && hold != eager_held_) {
+    eager_held_ = hold;
     eager_hold_switch_(eager_held_);
   }
 }

@@ -121,6 +121,8 @@ class PythonRunner {
   enum class Mode { Off, Tracing, CoExec, Eager };
   std::function<void(bool)> eager_hold_switch_;
   bool eager_held_ = false;  // the pass-through entry points are out for eager iterations
+  uint32_t eager_run_ = 0;   // eager iterations in a row
+  static constexpr uint32_t kEagerRunBeforeHold = 8;
   using Exec = std::function<void(torch::jit::Stack*)>;
 
   // An ATen op the program issued while tracing or co-executing; `fast`: it came through the C

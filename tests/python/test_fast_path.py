@@ -205,8 +205,8 @@ def test_autograd_grad_inside_a_session_runs_eagerly():
 
 def test_pass_through_entry_points_are_taken_out_while_a_loop_runs_eagerly():
     # In eager iterations every call would only pass through the replacements (the fast path, the
-    # `.grad` and backward pseudo-ops): the engine takes them out and puts them back when the loop
-    # is traced or co-executed again.
+    # `.grad` and backward pseudo-ops): after a few eager iterations in a row the engine takes them
+    # out, and it puts them back as soon as the loop is traced or co-executed again.
     import torch.autograd as autograd
     original_backward = autograd._engine_run_backward
 
@@ -222,7 +222,7 @@ def test_pass_through_entry_points_are_taken_out_while_a_loop_runs_eagerly():
         return seen, grads
 
     w = torch.rand(3, requires_grad=True)
-    eager_grads = prog(w)[1]
+    eager_grads = prog(w, steps=24)[1]
     w.grad = None
     seen, grads = terra.run(prog, w)
     assert seen[-1] == (True, True, True), seen  # traced and co-executed: in
@@ -230,9 +230,10 @@ def test_pass_through_entry_points_are_taken_out_while_a_loop_runs_eagerly():
     terra.reset()
     w.grad = None
     terra.config(max_divergences=0)  # every iteration start runs eagerly from the first
-    seen, grads = terra.run(prog, w)  # (the fixture restores the policy)
-    assert not any(any(s) for s in seen), seen
-    assert all(torch.equal(a, b) for a, b in zip(eager_grads, grads))
+    seen, grads = terra.run(prog, w, steps=24)  # (the fixture restores the policy)
+    assert not any(any(s) for s in seen[12:]), seen
+    assert seen[0] == (True, True, True), seen  # in for the first eager iterations
+    assert len(grads) == 24 and all(torch.equal(a, b) for a, b in zip(eager_grads, grads))
     # and the session left nothing behind
     assert "__add__" not in torch.Tensor.__dict__ and "grad" not in torch.Tensor.__dict__
     assert autograd._engine_run_backward is original_backward
