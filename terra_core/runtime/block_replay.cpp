@@ -504,10 +504,16 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
            n > 0 && schema.arguments()[0].alias_info() && !schema.arguments()[0].alias_info()->isWrite();
   k.outs = static_cast<uint32_t>(returns.size());
   // Whether the kernel computes the same with one intra-op thread is checked on copies of its
-  // arguments (check_one_thread), while any kernel of the block might still be found not to.
-  m.checking = m.block.one_thread && m.item->num_threads > 1;
+  // arguments (check_one_thread), kernel by kernel: a replay runs each with one thread or with
+  // the program's count, as its check found. A kernel that only allocates (its output's bits are
+  // whatever the memory held) has nothing to compare and nothing to split.
+  m.checking = m.item->num_threads > 1;
   m.one_thread_known = false;
   m.check_key = 0;
+  if (m.checking && only_allocates(op)) {
+    m.checking = false;
+    m.one_thread_known = true;
+  }
   if (m.checking) {
     m.check_key = kernel_signature(op, keys, m.item->num_threads,
                                    c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n, n));
@@ -519,7 +525,11 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
         m.checking = false;
         ++m.reused;
         m.one_thread_known = it->second;
-        if (!it->second) m.block.one_thread = false;
+        if (!it->second) {
+          k.one_thread = false;
+          m.block.one_thread = false;
+          m.block.not_one_thread = op.schema().operator_name().name;
+        }
       }
     }
   }
@@ -542,6 +552,13 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
 }
 
 bool BlockRecorder::one_thread_known() const { return impl_->one_thread_known && !refused(); }
+
+bool BlockRecorder::only_allocates(const c10::OperatorHandle& op) {
+  const c10::OperatorName& name = op.operator_name();
+  return name.name == "aten::empty" || name.name == "aten::empty_like" ||
+         name.name == "aten::empty_strided" || name.name == "aten::new_empty" ||
+         name.name == "aten::new_empty_strided";
+}
 uint64_t BlockRecorder::kernels_checked() const { return impl_->checked; }
 uint64_t BlockRecorder::verdicts_reused() const { return impl_->reused; }
 
@@ -604,7 +621,11 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   }
   m.copies.clear();
   m.originals.clear();
-  if (!same) m.block.one_thread = false;
+  if (!same) {
+    m.block.kernels.back().one_thread = false;
+    if (m.block.one_thread) m.block.not_one_thread = op.schema().operator_name().name;
+    m.block.one_thread = false;
+  }
   if (m.check_key != 0) {
     Verdicts& verdicts = one_thread_verdicts();
     std::lock_guard<std::mutex> lock(verdicts.mutex);
@@ -1045,6 +1066,8 @@ void BlockReplayer::run(WorkItem& item) {
           }
         }
         at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
+        const int threads = k.one_thread ? 1 : item.num_threads;
+        if (threads > 0 && at::get_num_threads() != threads) at::set_num_threads(threads);
         {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);

@@ -74,6 +74,9 @@ struct RecordedKernel {
   uint32_t outs = 0;
   std::vector<uint32_t> written;    // arguments the schema marks as written (version bump)
   bool view = false;                // returns alias argument 0: share its version counter
+  // Gave the same bits with one intra-op thread as with the program's count (checked while
+  // recorded): replayed with one, else with the program's.
+  bool one_thread = true;
   std::vector<uint32_t> release;    // table entries last read by this kernel
 };
 
@@ -132,12 +135,13 @@ struct Block {
   // carry the same names, so printing a tensor shows what eager execution shows.
   std::vector<std::string> grad_fn_names;
   // Every kernel, run again on copies of its arguments with one intra-op thread while recorded,
-  // gave the same bits (and drew the same random numbers) as with the program's thread count:
-  // the GraphRunner replays the block with one thread (GraphRunner::use_threads). Which code
-  // path a kernel takes depends on the shapes and the thread count, not on the values, and a
-  // different path (another split of a reduction, another vector/scalar boundary) shows in the
-  // bits of generic data.
+  // gave the same bits (and drew the same random numbers) as with the program's thread count
+  // (RecordedKernel::one_thread, by which each kernel is replayed). Which code path a kernel
+  // takes depends on the shapes and the thread count, not on the values, and a different path
+  // (another split of a reduction, another vector/scalar boundary, an FMA in the vector loop
+  // only) shows in the bits of generic data.
   bool one_thread = true;
+  std::string not_one_thread;  // the first kernel that gave other bits with one thread
 };
 
 // Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's
@@ -160,11 +164,12 @@ class BlockRecorder {
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
   // After kernel_begin: the kernel is known, from an earlier recording in this process, to give
-  // the same bits with one thread, and so far the block is replayed with one: it runs with one
-  // now too. (On two cores a GraphRunner running parallel regions competes with the program
+  // the same bits with one thread (or only allocates): it runs with one now too. (On two cores a GraphRunner running parallel regions competes with the program
   // thread for the cores, and every region's barrier waits for a descheduled worker: corpus
   // p01's first co-executed iteration took 3-18 ms instead of 0.5.)
   bool one_thread_known() const;
+  // Kernels whose outputs are uninitialized memory (empty, empty_like...): never checked.
+  static bool only_allocates(const c10::OperatorHandle& op);
   uint64_t kernels_checked() const;   // run again on copies (check_one_thread)
   uint64_t verdicts_reused() const;   // known from an earlier recording instead
   void refuse(std::string why);

@@ -288,6 +288,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.one_thread += c.one_thread;
     total.checked += c.checked;
     total.verdicts_reused += c.verdicts_reused;
+    if (!c.not_one_thread.empty()) total.not_one_thread = c.not_one_thread;
     total.refused += c.refused;
     total.left += c.left;
     total.bound += c.bound;
@@ -385,9 +386,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
-  if (p.kernels_begin != p.kernels_end)
-    use_threads(b.replayer.block()->one_thread ? 1 : item.num_threads);
-  b.replayer.run(item);
+  b.replayer.run(item);  // each kernel with one thread or the program's (RecordedKernel::one_thread)
   if (p.kind == OpKind::Backward && b.bound) {
     // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
     // tensors are freed.
@@ -424,6 +423,7 @@ void GraphRunner::end_iteration() {
     c.verdicts_reused += b.recorder->verdicts_reused();
     if (block) {
       c.one_thread += block->one_thread;
+      if (!block->one_thread) c.not_one_thread = block->not_one_thread;
       b.entry->block = std::move(block);
       ++c.recorded;
     } else {

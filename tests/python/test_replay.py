@@ -143,3 +143,32 @@ def test_one_thread_verdicts_are_reused_by_later_recordings_bitwise():
     assert s2["kernels_checked"] == 0 and s2["kernel_verdicts_reused"] > 0, s2
     assert s2["blocks_one_thread"] == s1["blocks_one_thread"], (s1, s2)
     assert s2["iterations_replayed"] >= 5, s2
+
+
+def with_empty_like(steps=12):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    out = []
+    for _ in range(steps):
+        y = (x @ w).tanh().sum()
+        y.backward()
+        buf = torch.empty_like(w)  # uninitialized: nothing to compare with one thread
+        torch.mul(w.grad, 0.5, out=buf)
+        out.append(buf.clone())
+        w.grad = None
+    return out
+
+
+def test_a_kernel_that_only_allocates_does_not_keep_a_block_to_the_programs_thread_count():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        eager = with_empty_like()
+        coexec = terra.run(with_empty_like)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats("with_empty_like")
+    assert s["iterations_replayed"] >= 5, s
+    assert s["not_one_thread_kernel"] != "aten::empty_like", s
