@@ -7,6 +7,7 @@
 #include "terra/location_key.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -368,12 +369,16 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
 namespace {
 
 // What a kernel's one-thread check depends on: the operator and its dispatch keys, the thread
-// count it is compared with, and each argument's type and geometry (dtype, device, sizes,
+// count it is compared with, the process-wide settings that choose kernels (deterministic
+// algorithms, oneDNN on or off), and each argument's type and geometry (dtype, device, sizes,
 // strides) or value (numbers, flags, dims); not the tensors' data (see Block::one_thread).
 uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet keys, int threads,
                           c10::ArrayRef<c10::IValue> args) {
   uint64_t h = terra::hash_combine(reinterpret_cast<uintptr_t>(&op.schema()), keys.raw_repr());
   h = terra::hash_combine(h, static_cast<uint64_t>(threads));
+  const auto& context = at::globalContext();
+  h = terra::hash_combine(h, (context.deterministicAlgorithms() ? 1u : 0u) |
+                                 (context.userEnabledMkldnn() ? 2u : 0u));
   auto tensor = [&](const at::Tensor& t) {
     h = terra::hash_combine(h, t.defined() ? 1 + static_cast<uint64_t>(t.scalar_type()) : 0);
     if (!t.defined()) return;

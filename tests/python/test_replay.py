@@ -135,8 +135,16 @@ def test_one_thread_verdicts_are_reused_by_later_recordings_bitwise():
         terra.reset()
         second = terra.run(train, 12)
         s2 = terra.stats("train")
+        # A setting that chooses kernels is part of the signature: checked again under it.
+        torch.use_deterministic_algorithms(True)
+        terra.reset()
+        third = terra.run(train, 12)
+        s3 = terra.stats("train")
     finally:
+        torch.use_deterministic_algorithms(False)
         torch.set_num_threads(threads)
+    assert same_state(eager, third)
+    assert s3["kernels_checked"] > 0, s3
     assert same_state(eager, first) and same_state(eager, second)
     assert s1["blocks_recorded"] >= 1 and s2["blocks_recorded"] >= 1, (s1, s2)
     assert s1["kernels_checked"] + s1["kernel_verdicts_reused"] > 0, s1
