@@ -20,6 +20,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <typeinfo>
 #include <unordered_set>
@@ -213,8 +214,7 @@ struct BlockRecorder::Impl {
   // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
   // and the CPU generator's state before it ran.
   bool checking = false;
-  bool one_thread_known = false;  // a verdict of an earlier recording says it is the same
-  uint64_t check_key = 0;  // the kernel's signature (one_thread_verdicts)
+  uint64_t check_key = 0;  // the kernel's signature (Verdicts)
   uint64_t checked = 0, reused = 0;
   torch::jit::Stack copies;
   torch::jit::Stack originals;  // its arguments, as the kernel leaves them
@@ -419,15 +419,26 @@ uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet key
 // One-thread verdicts per kernel signature, for the process: a kernel found to give the same bits
 // with one thread (or not) is not run three more times on copies at each recording (about 55 µs
 // per kernel of a small MLP, corpus p01: 3.6 ms of the first co-executed iteration).
-struct Verdicts {
-  std::mutex mutex;
-  std::unordered_map<uint64_t, bool> same;
-};
+class Verdicts {
+ public:
+  static Verdicts& process() {
+    static Verdicts* v = new Verdicts();  // never destroyed: recordings may run at exit
+    return *v;
+  }
+  std::optional<bool> find(uint64_t key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = same_.find(key);
+    return it == same_.end() ? std::nullopt : std::optional<bool>(it->second);
+  }
+  void store(uint64_t key, bool same) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    same_[key] = same;
+  }
 
-Verdicts& one_thread_verdicts() {
-  static Verdicts* v = new Verdicts();  // never destroyed: recordings may run at exit
-  return *v;
-}
+ private:
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, bool> same_;
+};
 
 }  // namespace
 
@@ -512,30 +523,15 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   // arguments (check_one_thread), kernel by kernel: a replay runs each with one thread or with
   // the program's count, as its check found. A kernel that only allocates (its output's bits are
   // whatever the memory held) has nothing to compare and nothing to split.
-  m.checking = m.item->num_threads > 1;
-  m.one_thread_known = false;
+  m.checking = m.item->num_threads > 1 && !only_allocates(op);
   m.check_key = 0;
-  if (m.checking && only_allocates(op)) {
-    m.checking = false;
-    m.one_thread_known = true;
-  }
   if (m.checking) {
     m.check_key = kernel_signature(op, keys, m.item->num_threads,
                                    c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n, n));
-    if (m.check_key != 0) {
-      Verdicts& verdicts = one_thread_verdicts();
-      std::lock_guard<std::mutex> lock(verdicts.mutex);
-      auto it = verdicts.same.find(m.check_key);
-      if (it != verdicts.same.end()) {
-        m.checking = false;
-        ++m.reused;
-        m.one_thread_known = it->second;
-        if (!it->second) {
-          k.one_thread = false;
-          m.block.one_thread = false;
-          m.block.not_one_thread = op.schema().operator_name().name;
-        }
-      }
+    if (const auto same = m.check_key != 0 ? Verdicts::process().find(m.check_key) : std::nullopt) {
+      m.checking = false;
+      ++m.reused;
+      k.one_thread = *same;
     }
   }
   if (m.checking) {
@@ -556,7 +552,10 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   m.block.kernels.push_back(std::move(k));
 }
 
-bool BlockRecorder::one_thread_known() const { return impl_->one_thread_known && !refused(); }
+bool BlockRecorder::one_thread_known() const {
+  // Not being checked (known from a verdict, or it only allocates) and found the same.
+  return !refused() && !impl_->checking && impl_->block.kernels.back().one_thread;
+}
 
 bool BlockRecorder::only_allocates(const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
@@ -626,16 +625,8 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   }
   m.copies.clear();
   m.originals.clear();
-  if (!same) {
-    m.block.kernels.back().one_thread = false;
-    if (m.block.one_thread) m.block.not_one_thread = op.schema().operator_name().name;
-    m.block.one_thread = false;
-  }
-  if (m.check_key != 0) {
-    Verdicts& verdicts = one_thread_verdicts();
-    std::lock_guard<std::mutex> lock(verdicts.mutex);
-    verdicts.same[m.check_key] = same;
-  }
+  m.block.kernels.back().one_thread = same;
+  if (m.check_key != 0) Verdicts::process().store(m.check_key, same);
 }
 
 void BlockRecorder::kernel_end(const torch::jit::Stack& stack) {
@@ -805,6 +796,12 @@ std::unique_ptr<Block> BlockRecorder::finish() {
   if (!refused() && m.block.items.empty()) refuse("an empty iteration");
   if (refused()) return nullptr;
   auto block = std::make_unique<Block>(std::move(m.block));
+  for (const RecordedKernel& k : block->kernels) {
+    if (k.one_thread) continue;
+    block->one_thread = false;
+    block->not_one_thread = k.op->operator_name().name;
+    break;
+  }
   // Each table entry is dropped after its last reader (or at once where nothing reads it), so a
   // replayed iteration holds no more memory than the recorded one did.
   for (uint32_t id = 0; id < block->table_size; ++id) {

@@ -140,7 +140,7 @@ struct Block {
   // takes depends on the shapes and the thread count, not on the values, and a different path
   // (another split of a reduction, another vector/scalar boundary, an FMA in the vector loop
   // only) shows in the bits of generic data.
-  bool one_thread = true;
+  bool one_thread = true;       // derived from the kernels' flags when the block is finished
   std::string not_one_thread;  // the first kernel that gave other bits with one thread
 };
 
@@ -164,9 +164,10 @@ class BlockRecorder {
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
   // After kernel_begin: the kernel is known, from an earlier recording in this process, to give
-  // the same bits with one thread (or only allocates): it runs with one now too. (On two cores a GraphRunner running parallel regions competes with the program
-  // thread for the cores, and every region's barrier waits for a descheduled worker: corpus
-  // p01's first co-executed iteration took 3-18 ms instead of 0.5.)
+  // the same bits with one thread (or only allocates): it runs with one now too. (On two cores a
+  // GraphRunner running parallel regions competes with the program thread for the cores, and
+  // every region's barrier waits for a descheduled worker: corpus p01's first co-executed
+  // iteration took 3-18 ms instead of 0.5.)
   bool one_thread_known() const;
   // Kernels whose outputs are uninitialized memory (empty, empty_like...): never checked.
   static bool only_allocates(const c10::OperatorHandle& op);

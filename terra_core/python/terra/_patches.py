@@ -236,5 +236,5 @@ _C.set_eager_hold_switch(eager_hold)
 
 
 def uninstall():
-    eager_hold(True)
+    eager_hold(True)  # the fast path and the pseudo-ops out, then the rest
     _restore(_saved)
