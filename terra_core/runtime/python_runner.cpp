@@ -734,12 +734,14 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
       const c10::IValue& v = (*stack)[i];
       const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
       const bool writes = t.mutates_input && info && info->isWrite();
-      if (v.isTensor() && host_scalar(v.toTensor())) {
-        ScalarUse& use = scalar_use_[v.toTensor().storage().unsafeGetStorageImpl()];
-        (writes ? use.write : use.read) = seq;
-      }
-      if (!writes) continue;
+      // Host scalars inside tensor lists count too: `_foreach_add_(state_steps, 1)` writes
+      // Adam's `step` tensors, which the optimizer then reads with `.item()`.
       for_each_tensor(v, [&](const at::Tensor& x) {
+        if (host_scalar(x)) {
+          ScalarUse& use = scalar_use_[x.storage().unsafeGetStorageImpl()];
+          (writes ? use.write : use.read) = seq;
+        }
+        if (!writes) return;
         auto* p = as_placeholder(x);
         if (p && p->group()) {
           p->group()->last_write = seq;

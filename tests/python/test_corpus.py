@@ -7,6 +7,8 @@ print the same text and end in a bitwise-equal state when run under Terra.
 - test_terra_matches_eager[name]: main() run eagerly, then through `terra.run(main)`; stdout and
   state must be identical. Records (record_property, and printed) the share of iterations that ran
   co-executed when `terra.stats()` reports "iterations_coexecuted" and "iterations_traced".
+  Then main() runs through Terra a second time on the graphs of the first, as a re-executed
+  notebook cell does: mostly co-executed from its first iteration, and again identical.
 
 Each test restores the global state it may disturb: torch / random / NumPy RNG states, the default
 dtype, grad mode.
@@ -121,3 +123,9 @@ def test_terra_matches_eager(name, record_property):
     _assert_same_stdout(eager_out, terra_out, ("eager", "terra"))
     corpus.assert_same_state(eager_state, corpus.check_state(terra_state, f"{name} (terra)"),
                              names=("eager", "terra"))
+
+    _scramble_rngs(3)
+    again_out, again_state = corpus.capture(lambda: terra.run(module.main))
+    _assert_same_stdout(eager_out, again_out, ("eager", "terra, second run"))
+    corpus.assert_same_state(eager_state, corpus.check_state(again_state, f"{name} (terra, again)"),
+                             names=("eager", "terra, second run"))

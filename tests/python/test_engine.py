@@ -623,3 +623,25 @@ def test_integer_indexing_is_co_executed_and_a_mask_is_fetched():
         assert s["iterations_coexecuted"] >= 5, s
         # x[idx]: the output's shape follows from idx's; x[mask]: from the mask's values.
         assert (s["fetches"] > 0) == mask, s
+
+
+def host_scalar_counters(steps):
+    torch.manual_seed(0)
+    a = torch.randn(384, 384)
+    counters = [torch.zeros(()), torch.zeros(())]  # 0-d CPU tensors, as Adam's `step` states
+    w = torch.ones(4)
+    seen = []
+    for _ in range(steps):
+        busy = a @ a  # keeps the GraphRunner busy while the program reaches the read below
+        torch._foreach_add_(counters, 1.0)  # host scalars written inside a tensor list
+        seen.append((counters[0].item(), counters[1].item()))
+        w.mul_(busy[0, :4].sign()).add_(counters[1].item())
+    return seen, w
+
+
+def test_reading_a_host_scalar_waits_for_a_list_op_that_writes_it():
+    eager_seen, eager_w = host_scalar_counters(20)
+    seen, w = terra.run(host_scalar_counters, 20)
+    assert seen == eager_seen
+    assert torch.equal(w, eager_w)
+    assert terra.stats("host_scalar_counters")["iterations_coexecuted"] >= 10
