@@ -37,19 +37,31 @@ thread_local BlockRecorder* t_recorder = nullptr;
 thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
 
-bool decomposes(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const void*, bool> known;  // by operator (recording only)
-  const void* key = &op.schema();
+// Whether the kernel that runs for `keys` (below the hook) is the op's CompositeImplicitAutograd
+// one, which calls other ops. A kernel of the backend itself, or a CompositeExplicitAutograd one,
+// wins over it: silu_backward has both a CompositeImplicitAutograd kernel (for other backends) and
+// a CPU one, and on the CPU it is one kernel.
+bool decomposes(const c10::OperatorHandle& op, c10::DispatchKeySet keys) {
+  using c10::DispatchKey;
+  const DispatchKey backend =
+      (keys - c10::DispatchKeySet({DispatchKey::BackendSelect, DispatchKey::Python})).highestPriorityTypeId();
+  // Known answers by operator and backend (recording and binding only).
+  thread_local std::unordered_map<uint64_t, bool> known;
+  const uint64_t key = terra::hash_combine(reinterpret_cast<uintptr_t>(&op.schema()),
+                                           static_cast<uint64_t>(backend));
   auto it = known.find(key);
   if (it != known.end()) return it->second;
-  const bool d = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  const bool d = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+                 !op.hasKernelForDispatchKey(backend) &&
+                 !op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) &&
+                 !op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional);
   known.emplace(key, d);
   return d;
 }
 
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
-  if (BlockReplayer* b = t_binder; b && t_depth == 0 && !decomposes(op)) {
+  if (BlockReplayer* b = t_binder; b && t_depth == 0 && !decomposes(op, below)) {
     ++t_depth;
     struct Depth {
       ~Depth() { --t_depth; }
@@ -61,7 +73,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   // An op that decomposes (CompositeImplicitAutograd: reached here when it is called below
   // autograd) is not a kernel: what it calls is recorded instead. Its schema need not say what
   // its parts write (batch_norm's running statistics).
-  if (!r || t_depth > 0 || r->refused() || decomposes(op)) {
+  if (!r || t_depth > 0 || r->refused() || decomposes(op, below)) {
     op.redispatchBoxed(below, stack);
     return;
   }

@@ -180,3 +180,28 @@ def test_a_kernel_that_only_allocates_does_not_keep_a_block_to_the_programs_thre
     s = terra.stats("with_empty_like")
     assert s["iterations_replayed"] >= 5, s
     assert s["not_one_thread_kernel"] != "aten::empty_like", s
+
+
+def test_activations_with_a_cpu_kernel_and_a_generic_decomposition_are_replayed_bitwise():
+    # silu_backward and mish_backward have a CompositeImplicitAutograd kernel for other backends
+    # and a CPU kernel of their own: on the CPU each is one recorded kernel, not a decomposition
+    # the recording never sees (which had refused every block with "reads a tensor from outside
+    # the iteration").
+    def fit(steps):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.SiLU(), torch.nn.Linear(16, 16),
+                                    torch.nn.Mish(), torch.nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x, y = torch.randn(64, 4), torch.randn(64, 1)
+        for step in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[step % 2::2]), y[step % 2::2]).backward()
+            opt.step()
+        return model
+
+    eager = fit(30)
+    coexec = terra.run(fit, 30)
+    assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), coexec.parameters()))
+    s = terra.stats()
+    assert s["blocks_refused"] == 0, s
+    assert s["iterations_replayed"] >= 15, s
