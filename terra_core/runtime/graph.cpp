@@ -165,6 +165,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"iterations_fallback", g.iterations_fallback},
           {"iterations_eager", g.iterations_eager},
           {"iterations_eager_chosen", g.iterations_eager_chosen},
+          {"iterations_unsteady", g.iterations_unsteady},
           {"payoff", payoff_json(g.payoff)},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},

@@ -328,6 +328,7 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   } else if (e.refusals < BlockStore::kMaxRefusals) {
     b.recorder = std::make_unique<BlockRecorder>(item.graph);
     b.state = BlockStore::State::Recording;
+    recordings_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

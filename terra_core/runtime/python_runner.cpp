@@ -175,6 +175,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
+  coexec_run_ = unsteady_left_ = 0;
   eager_held_ = false;  // the session starts with them in (terra/_patches.py)
   eager_run_ = 0;
   grad_defined_.clear();
@@ -229,8 +230,11 @@ void PythonRunner::end_iteration() {
   auto& root = graph_->roots[boundary_];
   const int64_t end = now_ns();
   double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
-  if (policy_.adaptive && mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec) {
-    seconds = coexec_seconds(seconds);
+  coexec_run_ = mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec ? coexec_run_ + 1 : 0;
+  bool steady = true;
+  if (policy_.adaptive && coexec_run_ > 0) {
+    seconds = coexec_seconds(seconds, &steady);
+    graph_->iterations_unsteady += !steady;
   } else {
     completed_ns_ = 0;
   }
@@ -263,8 +267,9 @@ void PythonRunner::end_iteration() {
       break;
   }
   if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
-    // Clean: the whole iteration ran in one mode, and so did the one before it.
-    const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_;
+    // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
+    // one also measured the GraphRunner in its steady state (coexec_seconds).
+    const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
     graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
                           policy_.payoff_check_budget);
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
@@ -284,7 +289,7 @@ void PythonRunner::end_iteration() {
   if (runner_) runner_->reclaim();
 }
 
-double PythonRunner::coexec_seconds(double span_seconds) {
+double PythonRunner::coexec_seconds(double span_seconds, bool* steady) {
   // A co-executed iteration is done when the GraphRunner has run its ops, not when Python has
   // issued them: the program thread may run up to kAheadHigh ops ahead, several iterations of a
   // small loop, and timed alone it made co-execution look up to 300x faster than it was (corpus
@@ -297,6 +302,17 @@ double PythonRunner::coexec_seconds(double span_seconds) {
   const double seconds = follows ? static_cast<double>(done - completed_ns_) * 1e-9 : span_seconds;
   completed_ns_ = done;
   completed_seq_ = runner_ ? runner_->issued() : 0;
+  // Not steady: the interval measured holds the GraphRunner's first co-executed iteration (whose
+  // tail, after a switch, includes making an OpenMP team: 2-13 ms on a fresh thread), or an
+  // iteration it recorded as a block (through autograd, each kernel checked). Recording starts
+  // when the GraphRunner reaches an iteration, which may be after this sample's wait: the next
+  // sample covers it too. Corpus p05 was held eager on such samples (5.1 ms and 1.6 ms against a
+  // replayed step of 0.2 ms, eager's 0.36).
+  const uint64_t recordings = runner_ ? runner_->recordings() : 0;
+  if (recordings != recordings_seen_) unsteady_left_ = 2;
+  recordings_seen_ = recordings;
+  *steady = coexec_run_ >= 3 && unsteady_left_ == 0;
+  if (unsteady_left_ > 0) --unsteady_left_;
   return seconds;
 }
 
@@ -349,6 +365,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     if (was_chosen_eager) grad_defined_.clear();  // the eager iterations changed the gradients
     runner().set_active(true);
     runner_team_ = true;
+    recordings_seen_ = runner().recordings();  // only recordings from here on count (coexec_seconds)
   }
   if (want == Mode::CoExec) runner().set_replay(policy_.replay);
   mode_ = want;
