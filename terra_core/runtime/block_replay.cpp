@@ -36,6 +36,7 @@ constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
 thread_local BlockRecorder* t_recorder = nullptr;
 thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
+thread_local uint64_t t_one_thread_per_op = 0;  // one_thread_kernels_per_op
 
 // Whether the kernel that runs for `keys` (below the hook) is the op's CompositeImplicitAutograd
 // one, which calls other ops. A kernel of the backend itself, or a CompositeExplicitAutograd one,
@@ -59,6 +60,10 @@ bool decomposes(const c10::OperatorHandle& op, c10::DispatchKeySet keys) {
   return d;
 }
 
+// Whether a kernel with these arguments is known to give the program's bits with one thread
+// (Verdicts, below).
+bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack);
+
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
   if (BlockReplayer* b = t_binder; b && t_depth == 0 && !decomposes(op, below)) {
@@ -73,6 +78,26 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   // An op that decomposes (CompositeImplicitAutograd: reached here when it is called below
   // autograd) is not a kernel: what it calls is recorded instead. Its schema need not say what
   // its parts write (batch_norm's running statistics).
+  if (!r && t_depth == 0 && at::get_num_threads() > 1 && !decomposes(op, below) &&
+      known_one_thread(op, below, *stack)) {
+    // An item run op by op outside a recording (a RecordingScope without a recorder): a kernel
+    // that a recording found to give the same bits with one thread runs with one, as replayed.
+    ++t_depth;
+    struct Depth {
+      ~Depth() { --t_depth; }
+    } depth;
+    const int restore = at::get_num_threads();
+    at::set_num_threads(1);
+    ++t_one_thread_per_op;
+    try {
+      op.redispatchBoxed(below, stack);
+    } catch (...) {
+      at::set_num_threads(restore);
+      throw;
+    }
+    at::set_num_threads(restore);
+    return;
+  }
   if (!r || t_depth > 0 || r->refused() || decomposes(op, below)) {
     op.redispatchBoxed(below, stack);
     return;
@@ -451,6 +476,16 @@ class Verdicts {
   std::mutex mutex_;
   std::unordered_map<uint64_t, bool> same_;
 };
+
+bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack) {
+  const size_t n = op.schema().arguments().size();
+  if (stack.size() < n) return false;
+  const uint64_t key = kernel_signature(op, keys, at::get_num_threads(),
+                                        c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n));
+  if (key == 0) return false;
+  const std::optional<bool> same = Verdicts::process().find(key);
+  return same && *same;
+}
 
 }  // namespace
 
@@ -840,6 +875,8 @@ std::unique_ptr<Block> BlockRecorder::finish() {
 
 // ---------------------------------------------------------------------------------------------
 // The hook
+
+uint64_t one_thread_kernels_per_op() { return t_one_thread_per_op; }
 
 void install_record_hook() {
   static bool installed = false;

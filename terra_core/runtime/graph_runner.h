@@ -154,6 +154,8 @@ class GraphRunner {
     // Kernels run again on copies to check them with one thread, and kernels whose verdict an
     // earlier recording in the process had found (then run with one thread while recorded).
     uint64_t checked = 0, verdicts_reused = 0;
+    // Kernels of items run op by op (not replayed) that ran with one thread on such a verdict.
+    uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
