@@ -33,7 +33,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"replays_left", c.left},              {"replay_left_why", c.last_left},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
-          {"kernels_one_thread_per_op", c.one_thread_per_op}};
+          {"items_one_thread_per_op", c.one_thread_per_op}};
 }
 
 // A graph's counters (stats_json) with what block replay did with its iterations.

@@ -36,7 +36,6 @@ constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
 thread_local BlockRecorder* t_recorder = nullptr;
 thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
-thread_local uint64_t t_one_thread_per_op = 0;  // one_thread_kernels_per_op
 
 // Whether the kernel that runs for `keys` (below the hook) is the op's CompositeImplicitAutograd
 // one, which calls other ops. A kernel of the backend itself, or a CompositeExplicitAutograd one,
@@ -88,7 +87,6 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
     } depth;
     const int restore = at::get_num_threads();
     at::set_num_threads(1);
-    ++t_one_thread_per_op;
     try {
       op.redispatchBoxed(below, stack);
     } catch (...) {
@@ -875,8 +873,6 @@ std::unique_ptr<Block> BlockRecorder::finish() {
 
 // ---------------------------------------------------------------------------------------------
 // The hook
-
-uint64_t one_thread_kernels_per_op() { return t_one_thread_per_op; }
 
 void install_record_hook() {
   static bool installed = false;

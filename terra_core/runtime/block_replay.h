@@ -187,9 +187,6 @@ class BlockRecorder {
 
 // Installs the dispatcher hook (once per process).
 void install_record_hook();
-// Kernels this thread ran with one intra-op thread outside recordings and replays, on a verdict
-// a recording had found (a RecordingScope without a recorder).
-uint64_t one_thread_kernels_per_op();
 // Includes the hook's dispatch key on this thread for its lifetime; without a recorder, the hook
 // only runs each kernel known to give the same bits with one thread with one.
 class RecordingScope {

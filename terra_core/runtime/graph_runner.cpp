@@ -109,6 +109,18 @@ struct BlockStore {
   static constexpr size_t kMaxEntries = 4096;
   // By the iteration's first item: graph, node, kind.
   std::map<std::tuple<uint64_t, uint32_t, int>, Entry> entries;
+  // What the recorded blocks found about each item's kernels (by graph, node, kind): all give the
+  // program's bits with one thread (RecordedKernel::one_thread), or only some. Run op by op (not
+  // replayed), an item of the first kind runs with one thread; any other item runs with the hook
+  // choosing per kernel from the process's verdicts (a RecordingScope without a recorder: a boxed
+  // call and a signature per kernel, which the first kind is spared). On 2 cores each parallel
+  // region there waited for a worker the program thread kept off the other core: corpus p05's
+  // first co-executed iteration after an eager phase took 12 ms for 58 ops (MKL splits even small
+  // matmuls). Always co-executing, whole program, 5 interleaved runs, medians: p10 150 ms with
+  // only the first kind, 56 ms with the hook for the others too (eager 67); p28 47 against 39.
+  enum class Threads : uint8_t { One, PerKernel };
+  std::map<std::tuple<uint64_t, uint32_t, int>, Threads> item_threads;
+  uint64_t items_one_thread = 0;  // this iteration's items run so (either way), until flush_counts
   enum class State { PerOp, Recording, Replaying } state = State::PerOp;
   uint64_t iteration = ~uint64_t{0};
   uint64_t graph = 0;  // Graph::serial of the iteration's items
@@ -121,7 +133,6 @@ struct BlockStore {
   uint64_t scanned = 0;
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
-  uint64_t one_thread_counted = 0;       // one_thread_kernels_per_op() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
   void abandon() {
@@ -304,17 +315,15 @@ void GraphRunner::flush_counts() {
   // Tallied per iteration in the BlockStore, not per item under the lock.
   BlockStore& b = *blocks_;
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
-  const uint64_t one_thread = one_thread_kernels_per_op() - b.one_thread_counted;
-  if (b.items == 0 && b.items_bound == 0 && kernels == 0 && one_thread == 0) return;
+  if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0) return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
   c.items += b.items;
   c.bound += b.items_bound;
   c.kernels += kernels;
-  c.one_thread_per_op += one_thread;
-  b.items = b.items_bound = 0;
+  c.one_thread_per_op += b.items_one_thread;
+  b.items = b.items_bound = b.items_one_thread = 0;
   b.kernels_counted = b.replayer.kernels();
-  b.one_thread_counted += one_thread;
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
@@ -428,6 +437,15 @@ void GraphRunner::end_iteration() {
     c.checked += b.recorder->kernels_checked();
     c.verdicts_reused += b.recorder->verdicts_reused();
     if (block) {
+      if (b.item_threads.size() >= BlockStore::kMaxEntries) b.item_threads.clear();
+      using Threads = BlockStore::Threads;
+      for (const ItemPlan& p : block->items) {
+        bool one = true;
+        for (uint32_t k = p.kernels_begin; k < p.kernels_end; ++k) one = one && block->kernels[k].one_thread;
+        const Threads t = one ? Threads::One : Threads::PerKernel;
+        auto [it, fresh] = b.item_threads.try_emplace({b.graph, p.node, static_cast<int>(p.kind)}, t);
+        if (!fresh && t == Threads::PerKernel) it->second = t;
+      }
       c.one_thread += block->one_thread;
       if (!block->one_thread) c.not_one_thread = block->not_one_thread;
       b.entry->block = std::move(block);
@@ -549,8 +567,21 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
   if (item.iteration != b.iteration) start_iteration(item, seq);
   if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
-  use_threads(item.num_threads);
-  run_per_op(item, b.state == BlockStore::State::Recording ? b.recorder.get() : nullptr);
+  if (b.state == BlockStore::State::Recording) {
+    use_threads(item.num_threads);
+    run_per_op(item, b.recorder.get());
+    return;
+  }
+  if (item.num_threads <= 1) {
+    use_threads(item.num_threads);
+    run_per_op(item, nullptr);
+    return;
+  }
+  auto known = b.item_threads.find({item.graph, item.node, static_cast<int>(item.kind)});
+  const bool all = known != b.item_threads.end() && known->second == BlockStore::Threads::One;
+  b.items_one_thread += all;
+  use_threads(all ? 1 : item.num_threads);
+  run_per_op(item, nullptr, /*per_kernel_threads=*/!all);
 }
 
 void GraphRunner::use_threads(int n) {
@@ -559,13 +590,8 @@ void GraphRunner::use_threads(int n) {
   if (n > 0 && at::get_num_threads() != n) at::set_num_threads(n);
 }
 
-void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
+void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_kernel_threads) {
   std::optional<RecordingScope> recording;
-  // Outside a recording, the hook without a recorder lets each kernel that a recording found to
-  // give the same bits with one thread run with one. On 2 cores every parallel region here waits
-  // for a worker the program thread keeps off the other core: corpus p05's first co-executed
-  // iteration after an eager phase took 12 ms for 58 ops (MKL splits even small matmuls).
-  const bool choose_threads = !recorder && item.num_threads > 1;
   switch (item.kind) {
     case OpKind::Aten: {
       torch::jit::Stack stack;
@@ -575,7 +601,7 @@ void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
       if (recorder) {
         recorder->begin_item(item, stack, autograd);
         recording.emplace(recorder);
-      } else if (choose_threads) {
+      } else if (per_kernel_threads) {
         recording.emplace(nullptr);
       }
       if (autograd) {
@@ -617,7 +643,7 @@ void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder) {
         recorder->begin_item(item, args, true);
         recorder->before_backward(roots, retain, create);
         recording.emplace(recorder);
-      } else if (choose_threads) {
+      } else if (per_kernel_threads) {
         recording.emplace(nullptr);
       }
       torch::autograd::backward(roots, grads, retain, create);

@@ -154,7 +154,8 @@ class GraphRunner {
     // Kernels run again on copies to check them with one thread, and kernels whose verdict an
     // earlier recording in the process had found (then run with one thread while recorded).
     uint64_t checked = 0, verdicts_reused = 0;
-    // Kernels of items run op by op (not replayed) that ran with one thread on such a verdict.
+    // Items run op by op (not replayed) with one thread: the recorded blocks found each of their
+    // kernels gives the program's bits so (BlockStore::item_threads).
     uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
     uint64_t refused = 0;     // recordings refused
@@ -173,7 +174,8 @@ class GraphRunner {
   bool wait_for_work(uint64_t next);  // false: stopping
   void wake();
   void execute(WorkItem& item, uint64_t seq);
-  void run_per_op(WorkItem& item, BlockRecorder* recorder);
+  // `per_kernel_threads`: each kernel with one thread where the process's verdicts allow it.
+  void run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_kernel_threads = false);
   bool run_control(const WorkItem& item);  // false: not a control item
   // Block replay, GraphRunner thread: the iteration `item` (sequence number `seq`) starts;
   // replays `item` if it follows the block (false: run it op by op).
