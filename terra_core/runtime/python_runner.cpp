@@ -303,8 +303,9 @@ double PythonRunner::coexec_seconds(double span_seconds, bool* steady) {
   completed_ns_ = done;
   completed_seq_ = runner_ ? runner_->issued() : 0;
   // Not steady: the interval measured holds the GraphRunner's first co-executed iteration (whose
-  // tail, after a switch, includes making an OpenMP team: 2-13 ms on a fresh thread), or an
-  // iteration it recorded as a block (through autograd, each kernel checked). Recording starts
+  // tail, after a switch, includes making an OpenMP team: 2-13 ms on a fresh thread), or the
+  // first recording of a block (through autograd, each kernel checked; a block recorded again is
+  // a recurring cost and stays in the samples). Recording starts
   // when the GraphRunner reaches an iteration, which may be after this sample's wait: the next
   // sample covers it too. Corpus p05 was held eager on such samples (5.1 ms and 1.6 ms against a
   // replayed step of 0.2 ms, eager's 0.36).
