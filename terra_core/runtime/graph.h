@@ -58,8 +58,8 @@ struct Graph {
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
-  // Co-executed iterations whose time was not a payoff sample: they measured the GraphRunner
-  // starting (the first two after a switch) or recording a block (PythonRunner::coexec_seconds).
+  // Co-executed iterations whose time was not a payoff sample: the first two after a switch
+  // measured the GraphRunner starting (PythonRunner::coexec_seconds).
   uint64_t iterations_unsteady = 0;
   // Co-executed ATen ops that came through the C fast path (python/fast_path.cpp) rather than
   // PyTorch's binding and the dispatcher (those are counted per node: Node::dispatched).

@@ -103,7 +103,6 @@ struct BlockStore {
     std::unique_ptr<Block> block;
     int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
     int misses = 0;    // consecutive iterations that left the block (then it is recorded again)
-    bool tried = false;  // recorded (or refused) before
   };
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;
@@ -343,10 +342,6 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   } else if (e.refusals < BlockStore::kMaxRefusals) {
     b.recorder = std::make_unique<BlockRecorder>(item.graph);
     b.state = BlockStore::State::Recording;
-    // Only an entry's first recording is warm-up; recording it again (after the program left its
-    // block kMaxMisses times, or a refusal) is a recurring cost of co-executing it.
-    if (!e.tried) recordings_.fetch_add(1, std::memory_order_relaxed);
-    e.tried = true;
   }
 }
 

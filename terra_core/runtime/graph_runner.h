@@ -139,10 +139,6 @@ class GraphRunner {
   uint64_t ops_below_autograd() const { return ops_below_autograd_.load(std::memory_order_relaxed); }
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
-  // First recordings of blocks started so far: an iteration being recorded runs through autograd
-  // and checks its kernels, so it is not a sample of co-execution's steady speed (payoff.h);
-  // recording a block again is part of that speed.
-  uint64_t recordings() const { return recordings_.load(std::memory_order_relaxed); }
 
   // Block replay (block_replay.h): on by default; set by the Python thread.
   void set_replay(bool on) { replay_.store(on, std::memory_order_relaxed); }
@@ -210,7 +206,6 @@ class GraphRunner {
   std::atomic<bool> stop_{false};
   std::atomic<bool> active_{false};
   std::atomic<uint64_t> busy_ns_{0};
-  std::atomic<uint64_t> recordings_{0};
   std::atomic<uint64_t> ops_autograd_{0}, ops_below_autograd_{0};
   std::atomic<uint64_t> sequence_{0};
   RunnerError error_;

@@ -175,7 +175,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
-  coexec_run_ = unsteady_left_ = 0;
+  coexec_run_ = 0;
   eager_held_ = false;  // the session starts with them in (terra/_patches.py)
   eager_run_ = 0;
   grad_defined_.clear();
@@ -302,18 +302,12 @@ double PythonRunner::coexec_seconds(double span_seconds, bool* steady) {
   const double seconds = follows ? static_cast<double>(done - completed_ns_) * 1e-9 : span_seconds;
   completed_ns_ = done;
   completed_seq_ = runner_ ? runner_->issued() : 0;
-  // Not steady: the interval measured holds the GraphRunner's first co-executed iteration (whose
-  // tail, after a switch, includes making an OpenMP team: 2-13 ms on a fresh thread), or the
-  // first recording of a block (through autograd, each kernel checked; a block recorded again is
-  // a recurring cost and stays in the samples). Recording starts
-  // when the GraphRunner reaches an iteration, which may be after this sample's wait: the next
-  // sample covers it too. Corpus p05 was held eager on such samples (5.1 ms and 1.6 ms against a
-  // replayed step of 0.2 ms, eager's 0.36).
-  const uint64_t recordings = runner_ ? runner_->recordings() : 0;
-  if (recordings != recordings_seen_) unsteady_left_ = 2;
-  recordings_seen_ = recordings;
-  *steady = coexec_run_ >= 3 && unsteady_left_ == 0;
-  if (unsteady_left_ > 0) --unsteady_left_;
+  // Not steady: the interval measured holds the GraphRunner's first co-executed iteration, whose
+  // tail after a switch includes making an OpenMP team (2-13 ms on a fresh thread) and usually
+  // recording a block. Later recordings stay in: a program with several paths (ragged batches)
+  // records one per path, a recurring cost of co-executing it (corpus p02 was held co-executed
+  // at 3.4x eager's step time when they were left out).
+  *steady = coexec_run_ >= 3;
   return seconds;
 }
 
@@ -366,7 +360,6 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     if (was_chosen_eager) grad_defined_.clear();  // the eager iterations changed the gradients
     runner().set_active(true);
     runner_team_ = true;
-    recordings_seen_ = runner().recordings();  // only recordings from here on count (coexec_seconds)
   }
   if (want == Mode::CoExec) runner().set_replay(policy_.replay);
   mode_ = want;

@@ -149,8 +149,6 @@ class PythonRunner {
   uint64_t completed_seq_ = 0;  // issued at the end of the previous co-executed iteration
   int64_t completed_ns_ = 0;    // when that iteration's predecessor had been run (0: none)
   int coexec_run_ = 0;          // co-executed iterations in a row, up to this one
-  uint64_t recordings_seen_ = 0;  // GraphRunner::recordings() at the previous sample
-  int unsteady_left_ = 0;       // samples still covering the GraphRunner's last recording
   bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
   Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
   Mode previous_mode_ = Mode::Off;   // the mode the previous iteration ended in
