@@ -14,7 +14,7 @@
 // (leaving co-execution: a divergence, an opaque region, the end of a session). Releasing costs
 // 0.25 us without a pool, about 90 us with one (its workers exit; the next parallel region makes
 // new ones) — measured 0.2-0.5 ms inside real programs — so within a session the team moves at
-// most once per 100 ms (a program that diverges every iteration would otherwise pay it twice per
+// most once per 20 ms (a program that diverges every iteration would otherwise pay it twice per
 // iteration: corpus p22 4.16x eager's step time against 1.05x without moves); in between, the
 // process may hold both teams for a while. Leaving a session always takes the GraphRunner's away.
 //

@@ -34,9 +34,13 @@ constexpr uint64_t kEntryBoundary = 1;
 constexpr uint64_t kAheadHigh = 64, kAheadLow = 32;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
-// that diverges every iteration would pay it twice per iteration. A session's first move into
-// co-execution and leaving a session always move it.
-constexpr int64_t kTeamMoveNs = 100'000'000;
+// that diverges every iteration would pay it twice per iteration. Held back too long, the program
+// traces with two teams, every parallel region a futex hand-off: corpus p08 (convolutions, a
+// random path that diverges) traced at 10-13 ms per iteration after co-executing against 3.5
+// before. Whole program, 3 x 5 runs, medians: 100 ms: p08 161-173 ms, p22 47-85; 20 ms: p08
+// 129-134, p22 35-43 (eager: 65-79 and 40). A session's first move into co-execution and
+// leaving a session always move it.
+constexpr int64_t kTeamMoveNs = 20'000'000;
 
 void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraKey, on); }
 
