@@ -63,52 +63,62 @@ bool decomposes(const c10::OperatorHandle& op, c10::DispatchKeySet keys) {
 // (Verdicts, below).
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack);
 
+// A kernel call the hook handles: the calls it makes pass through.
+struct Nested {
+  Nested() { ++t_depth; }
+  ~Nested() { --t_depth; }
+};
+
+// One intra-op thread while it lives, where `on` and the program has more.
+class OneThread {
+ public:
+  explicit OneThread(bool on) : restore_(on && at::get_num_threads() > 1 ? at::get_num_threads() : 0) {
+    if (restore_) at::set_num_threads(1);
+  }
+  ~OneThread() {
+    if (restore_) at::set_num_threads(restore_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int restore_;
+};
+
 void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
-  if (BlockReplayer* b = t_binder; b && t_depth == 0 && !decomposes(op, below)) {
-    ++t_depth;
-    struct Depth {
-      ~Depth() { --t_depth; }
-    } depth;
+  // An op that decomposes (its CompositeImplicitAutograd kernel runs: reached here when it is
+  // called below autograd) is not a kernel: what it calls is bound, recorded or chosen for
+  // instead. Its schema need not say what its parts write (batch_norm's running statistics).
+  const bool kernel = t_depth == 0 && !decomposes(op, below);
+  if (BlockReplayer* b = t_binder; b && kernel) {
+    Nested nested;
     b->bind_kernel(op, below, stack);
     return;
   }
   BlockRecorder* r = t_recorder;
-  // An op that decomposes (CompositeImplicitAutograd: reached here when it is called below
-  // autograd) is not a kernel: what it calls is recorded instead. Its schema need not say what
-  // its parts write (batch_norm's running statistics).
-  if (!r && t_depth == 0 && at::get_num_threads() > 1 && !decomposes(op, below) &&
-      known_one_thread(op, below, *stack)) {
+  if (!r) {
     // An item run op by op outside a recording (a RecordingScope without a recorder): a kernel
     // that a recording found to give the same bits with one thread runs with one, as replayed.
-    ++t_depth;
-    struct Depth {
-      ~Depth() { --t_depth; }
-    } depth;
-    const int restore = at::get_num_threads();
-    at::set_num_threads(1);
-    try {
-      op.redispatchBoxed(below, stack);
-    } catch (...) {
-      at::set_num_threads(restore);
-      throw;
+    if (!kernel || at::get_num_threads() == 1 || !known_one_thread(op, below, *stack)) {
+      op.redispatchBoxed(below, stack);  // a decomposition's parts are chosen for one by one
+      return;
     }
-    at::set_num_threads(restore);
-    return;
-  }
-  if (!r || t_depth > 0 || r->refused() || decomposes(op, below)) {
+    Nested nested;
+    OneThread threads(true);
     op.redispatchBoxed(below, stack);
     return;
   }
-  ++t_depth;
-  struct Depth {
-    ~Depth() { --t_depth; }
-  } depth;
+  if (!kernel || r->refused()) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  Nested nested;
   r->kernel_begin(op, below, *stack);
-  const int restore = r->one_thread_known() && at::get_num_threads() > 1 ? at::get_num_threads() : 0;
-  if (restore) at::set_num_threads(1);
-  op.redispatchBoxed(below, stack);  // on an exception the GraphRunner resets the count per item
-  if (restore) at::set_num_threads(restore);
+  {
+    OneThread threads(r->one_thread_known());
+    op.redispatchBoxed(below, stack);
+  }
   r->kernel_end(*stack);
   r->check_one_thread(op, below, *stack);
 }

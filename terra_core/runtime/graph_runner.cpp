@@ -120,7 +120,7 @@ struct BlockStore {
   // only the first kind, 56 ms with the hook for the others too (eager 67); p28 47 against 39.
   enum class Threads : uint8_t { One, PerKernel };
   std::map<std::tuple<uint64_t, uint32_t, int>, Threads> item_threads;
-  uint64_t items_one_thread = 0;  // this iteration's items run so (either way), until flush_counts
+  uint64_t items_one_thread = 0;  // this iteration's items of the first kind, until flush_counts
   enum class State { PerOp, Recording, Replaying } state = State::PerOp;
   uint64_t iteration = ~uint64_t{0};
   uint64_t graph = 0;  // Graph::serial of the iteration's items
