@@ -110,11 +110,11 @@ struct BlockStore {
   // By the iteration's first item: graph, node, kind.
   std::map<std::tuple<uint64_t, uint32_t, int>, Entry> entries;
   // What the recorded blocks found about each item's kernels (by graph, node, kind): all give the
-  // program's bits with one thread (RecordedKernel::one_thread), or only some. Run op by op (not
-  // replayed), an item of the first kind runs with one thread; any other item runs with the hook
-  // choosing per kernel from the process's verdicts (a RecordingScope without a recorder: a boxed
-  // call and a signature per kernel, which the first kind is spared). On 2 cores each parallel
-  // region there waited for a worker the program thread kept off the other core: corpus p05's
+  // program's bits with one thread (RecordedKernel::one_thread; ATen items only), or not. Run op
+  // by op (not replayed), an item of the first kind runs with one thread; any other runs with the
+  // hook choosing per kernel from the process's verdicts (a RecordingScope without a recorder: a
+  // boxed call and a signature per kernel, which the first kind is spared). On 2 cores each
+  // parallel region there waited for a worker the program thread kept off the other core: p05's
   // first co-executed iteration after an eager phase took 12 ms for 58 ops (MKL splits even small
   // matmuls). Always co-executing, whole program, 5 interleaved runs, medians: p10 150 ms with
   // only the first kind, 56 ms with the hook for the others too (eager 67); p28 47 against 39.
@@ -441,7 +441,9 @@ void GraphRunner::end_iteration() {
       for (const ItemPlan& p : block->items) {
         bool one = true;
         for (uint32_t k = p.kernels_begin; k < p.kernels_end; ++k) one = one && block->kernels[k].one_thread;
-        const Threads t = one ? Threads::One : Threads::PerKernel;
+        // A backward's kernels depend on the whole autograd graph, which paths that share the
+        // backward's node may build differently: its kernels are always chosen for one by one.
+        const Threads t = one && p.kind == OpKind::Aten ? Threads::One : Threads::PerKernel;
         auto [it, fresh] = b.item_threads.try_emplace({b.graph, p.node, static_cast<int>(p.kind)}, t);
         if (!fresh && t == Threads::PerKernel) it->second = t;
       }
