@@ -100,7 +100,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   if (!r) {
     // An item run op by op outside a recording (a RecordingScope without a recorder): a kernel
     // that a recording found to give the same bits with one thread runs with one, as replayed.
-    if (!kernel || at::get_num_threads() == 1 || !known_one_thread(op, below, *stack)) {
+    if (!kernel || !known_one_thread(op, below, *stack)) {
       op.redispatchBoxed(below, stack);  // a decomposition's parts are chosen for one by one
       return;
     }
@@ -470,7 +470,8 @@ class Verdicts {
     static Verdicts* v = new Verdicts();  // never destroyed: recordings may run at exit
     return *v;
   }
-  std::optional<bool> find(uint64_t key) {
+  std::optional<bool> find(uint64_t key) {  // key 0: a kernel without a signature, never known
+    if (key == 0) return std::nullopt;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = same_.find(key);
     return it == same_.end() ? std::nullopt : std::optional<bool>(it->second);
@@ -487,12 +488,9 @@ class Verdicts {
 
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();
-  if (stack.size() < n) return false;
   const uint64_t key = kernel_signature(op, keys, at::get_num_threads(),
                                         c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n));
-  if (key == 0) return false;
-  const std::optional<bool> same = Verdicts::process().find(key);
-  return same && *same;
+  return Verdicts::process().find(key).value_or(false);
 }
 
 }  // namespace
@@ -583,7 +581,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   if (m.checking) {
     m.check_key = kernel_signature(op, keys, m.item->num_threads,
                                    c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n, n));
-    if (const auto same = m.check_key != 0 ? Verdicts::process().find(m.check_key) : std::nullopt) {
+    if (const auto same = Verdicts::process().find(m.check_key)) {
       m.checking = false;
       ++m.reused;
       k.one_thread = *same;

@@ -118,8 +118,7 @@ struct BlockStore {
   // first co-executed iteration after an eager phase took 12 ms for 58 ops (MKL splits even small
   // matmuls). Always co-executing, whole program, 5 interleaved runs, medians: p10 150 ms with
   // only the first kind, 56 ms with the hook for the others too (eager 67); p28 47 against 39.
-  enum class Threads : uint8_t { One, PerKernel };
-  std::map<std::tuple<uint64_t, uint32_t, int>, Threads> item_threads;
+  std::map<std::tuple<uint64_t, uint32_t, int>, bool> one_thread_items;  // false: per kernel
   uint64_t items_one_thread = 0;  // this iteration's items of the first kind, until flush_counts
   enum class State { PerOp, Recording, Replaying } state = State::PerOp;
   uint64_t iteration = ~uint64_t{0};
@@ -436,16 +435,15 @@ void GraphRunner::end_iteration() {
     c.checked += b.recorder->kernels_checked();
     c.verdicts_reused += b.recorder->verdicts_reused();
     if (block) {
-      if (b.item_threads.size() >= BlockStore::kMaxEntries) b.item_threads.clear();
-      using Threads = BlockStore::Threads;
+      if (b.one_thread_items.size() >= BlockStore::kMaxEntries) b.one_thread_items.clear();
       for (const ItemPlan& p : block->items) {
-        bool one = true;
-        for (uint32_t k = p.kernels_begin; k < p.kernels_end; ++k) one = one && block->kernels[k].one_thread;
         // A backward's kernels depend on the whole autograd graph, which paths that share the
         // backward's node may build differently: its kernels are always chosen for one by one.
-        const Threads t = one && p.kind == OpKind::Aten ? Threads::One : Threads::PerKernel;
-        auto [it, fresh] = b.item_threads.try_emplace({b.graph, p.node, static_cast<int>(p.kind)}, t);
-        if (!fresh && t == Threads::PerKernel) it->second = t;
+        if (p.kind != OpKind::Aten) continue;
+        bool one = true;
+        for (uint32_t k = p.kernels_begin; k < p.kernels_end; ++k) one = one && block->kernels[k].one_thread;
+        auto it = b.one_thread_items.try_emplace({b.graph, p.node, static_cast<int>(p.kind)}, one).first;
+        it->second = it->second && one;  // every block that holds the item must agree
       }
       c.one_thread += block->one_thread;
       if (!block->one_thread) c.not_one_thread = block->not_one_thread;
@@ -578,8 +576,8 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
     run_per_op(item, nullptr);
     return;
   }
-  auto known = b.item_threads.find({item.graph, item.node, static_cast<int>(item.kind)});
-  const bool all = known != b.item_threads.end() && known->second == BlockStore::Threads::One;
+  auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
+  const bool all = known != b.one_thread_items.end() && known->second;
   b.items_one_thread += all;
   use_threads(all ? 1 : item.num_threads);
   run_per_op(item, nullptr, /*per_kernel_threads=*/!all);

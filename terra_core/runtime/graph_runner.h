@@ -152,7 +152,7 @@ class GraphRunner {
     // earlier recording in the process had found (then run with one thread while recorded).
     uint64_t checked = 0, verdicts_reused = 0;
     // Items run op by op (not replayed) with one thread: the recorded blocks found each of their
-    // kernels gives the program's bits so (BlockStore::item_threads).
+    // kernels gives the program's bits so (BlockStore::one_thread_items).
     uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
     uint64_t refused = 0;     // recordings refused

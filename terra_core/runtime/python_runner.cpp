@@ -235,9 +235,14 @@ void PythonRunner::end_iteration() {
   const int64_t end = now_ns();
   double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
   coexec_run_ = mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec ? coexec_run_ + 1 : 0;
-  bool steady = true;
+  // Not steady: the interval coexec_seconds measures holds the GraphRunner's first co-executed
+  // iteration, whose tail after a switch includes making an OpenMP team (2-13 ms on a fresh
+  // thread) and usually recording a block. Later recordings stay in: a program with several paths
+  // (ragged batches) records one per path, a recurring cost of co-executing it (corpus p02 was
+  // held co-executed at 3.4x eager's step time when they were left out).
+  const bool steady = coexec_run_ == 0 || coexec_run_ >= kCoexecRunBeforeSample;
   if (policy_.adaptive && coexec_run_ > 0) {
-    seconds = coexec_seconds(seconds, &steady);
+    seconds = coexec_seconds(seconds);
     graph_->iterations_unsteady += !steady;
   } else {
     completed_ns_ = 0;
@@ -293,7 +298,7 @@ void PythonRunner::end_iteration() {
   if (runner_) runner_->reclaim();
 }
 
-double PythonRunner::coexec_seconds(double span_seconds, bool* steady) {
+double PythonRunner::coexec_seconds(double span_seconds) {
   // A co-executed iteration is done when the GraphRunner has run its ops, not when Python has
   // issued them: the program thread may run up to kAheadHigh ops ahead, several iterations of a
   // small loop, and timed alone it made co-execution look up to 300x faster than it was (corpus
@@ -306,12 +311,6 @@ double PythonRunner::coexec_seconds(double span_seconds, bool* steady) {
   const double seconds = follows ? static_cast<double>(done - completed_ns_) * 1e-9 : span_seconds;
   completed_ns_ = done;
   completed_seq_ = runner_ ? runner_->issued() : 0;
-  // Not steady: the interval measured holds the GraphRunner's first co-executed iteration, whose
-  // tail after a switch includes making an OpenMP team (2-13 ms on a fresh thread) and usually
-  // recording a block. Later recordings stay in: a program with several paths (ragged batches)
-  // records one per path, a recurring cost of co-executing it (corpus p02 was held co-executed
-  // at 3.4x eager's step time when they were left out).
-  *steady = coexec_run_ >= 3;
   return seconds;
 }
 

@@ -144,11 +144,11 @@ class PythonRunner {
   Mode stable_mode();
   // A co-executed iteration's time as the payoff check sees it: up to the GraphRunner's finishing
   // the previous iteration (waits for that); `span_seconds` where no co-executed one preceded.
-  // `steady`: whether the time is a sample of co-execution's steady speed (payoff.h).
-  double coexec_seconds(double span_seconds, bool* steady);
+  double coexec_seconds(double span_seconds);
   uint64_t completed_seq_ = 0;  // issued at the end of the previous co-executed iteration
   int64_t completed_ns_ = 0;    // when that iteration's predecessor had been run (0: none)
   int coexec_run_ = 0;          // co-executed iterations in a row, up to this one
+  static constexpr int kCoexecRunBeforeSample = 3;  // the first two time the GraphRunner's start
   bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
   Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
   Mode previous_mode_ = Mode::Off;   // the mode the previous iteration ended in
