@@ -174,6 +174,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"ops_dispatched_top", top},
           {"fetches", g.fetches},
           {"host_ops", g.host_ops},
+          {"grad_reads_direct", g.grad_reads_direct},
           {"fallbacks", g.fallbacks.size()},
           {"traced_seconds", g.traced_seconds},
           {"coexec_seconds", g.coexec_seconds}};

@@ -58,6 +58,9 @@ struct Graph {
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
+  // Co-executed `.grad` reads answered with the leaf's real gradient, without an item or a
+  // placeholder (PythonRunner::grad_settled).
+  uint64_t grad_reads_direct = 0;
   // Co-executed iterations whose time was not a payoff sample: the first two after a switch
   // measured the GraphRunner starting (PythonRunner::coexec_seconds).
   uint64_t iterations_unsteady = 0;

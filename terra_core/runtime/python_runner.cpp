@@ -601,6 +601,11 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
     note_grads(node, args, *stack, /*traced=*/true);
     return true;
   }
+  if (kind == OpKind::GradRead && grad_settled(stack->at(0).toTensor())) {
+    ++graph_->grad_reads_direct;
+    exec(stack);
+    return true;
+  }
   switch (t.mode) {
     case ExecMode::PythonNow:
       exec(stack);
@@ -636,6 +641,15 @@ void PythonRunner::snapshot_grads() {
   }
 }
 
+bool PythonRunner::grad_settled(const at::Tensor& leaf) const {
+  if (as_placeholder(leaf)) return false;
+  auto known = grad_defined_.find(leaf.unsafeGetTensorImpl());  // alive: choose_grad_read found it
+  if (known == grad_defined_.end() || !known->second.defined || known->second.replaced_at > drained_)
+    return false;
+  const at::Tensor& g = leaf.grad();  // no issued item writes this field before the next wait
+  return g.defined() && !as_placeholder(g);
+}
+
 uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
                                         const at::Tensor& t) {
   const at::Tensor base = as_placeholder(t) ? at::Tensor() : t;
@@ -655,17 +669,25 @@ uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
 void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
                               const torch::jit::Stack& returns, bool traced) {
   OpTemplate& t = graph_->nodes[node].tmpl;
-  auto set = [&](const c10::IValue& v, bool defined) {
-    if (!v.isTensor() || !v.toTensor().defined() || as_placeholder(v.toTensor())) return;
-    grad_defined_.insert_or_assign(v.toTensor().unsafeGetTensorImpl(),
-                                   GradState{c10::weak_intrusive_ptr<c10::TensorImpl>(v.toTensor().getIntrusivePtr()), defined});
+  // The item just issued, if this op was co-executed (a traced op ran for real: nothing pending).
+  const uint64_t seq = traced || !runner_ ? 0 : runner_->issued();
+  auto set = [&](const at::Tensor& x, bool defined, bool replaced) {
+    if (!x.defined() || as_placeholder(x)) return;
+    GradState fresh{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), defined};
+    auto [pos, added] = grad_defined_.try_emplace(x.unsafeGetTensorImpl(), fresh);
+    if (!added && pos->second.leaf._unsafe_get_target() != x.unsafeGetTensorImpl()) pos->second = fresh;
+    pos->second.defined = defined;
+    if (traced) pos->second.replaced_at = 0;
+    else if (replaced) pos->second.replaced_at = seq;
   };
+  auto leaf = [](const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::Tensor(); };
   switch (t.kind) {
     case OpKind::GradRead:
-      set(args.at(0), !returns.empty() && returns[0].isTensor() && returns[0].toTensor().defined());
+      set(leaf(args.at(0)), !returns.empty() && returns[0].isTensor() && returns[0].toTensor().defined(),
+          false);
       break;
     case OpKind::GradWrite:
-      set(args.at(0), !args.at(1).isNone());
+      set(leaf(args.at(0)), !args.at(1).isNone(), true);
       break;
     case OpKind::Backward:
       if (traced) {
@@ -696,14 +718,27 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
         if (t.backward_traced && !same(reached, t.grads_after)) t.grads_after_stable = false;
         t.backward_traced = true;
         t.grads_after = std::move(reached);
-      } else if (t.grads_after_stable) {
-        for (auto& weak : t.grads_after) {
-          at::Tensor x(weak.lock());
-          if (x.defined()) grad_defined_.insert_or_assign(x.unsafeGetTensorImpl(), GradState{weak, true});
-        }
       } else {
-        for (auto pos = grad_defined_.begin(); pos != grad_defined_.end();)
-          pos = pos->second.defined ? std::next(pos) : grad_defined_.erase(pos);
+        // With create_graph the engine accumulates out of place: every gradient it reaches is a
+        // new tensor. Otherwise it accumulates into a defined gradient in place, and a leaf whose
+        // gradient was not known defined gets a new one.
+        const bool create = args.size() > 3 && args[3].isBool() && args[3].toBool();
+        if (create) {
+          for (auto& [impl, state] : grad_defined_) state.replaced_at = seq;
+        }
+        if (t.grads_after_stable) {
+          for (auto& weak : t.grads_after) {
+            at::Tensor x(weak.lock());
+            if (!x.defined()) continue;
+            auto known = grad_defined_.find(x.unsafeGetTensorImpl());
+            const bool was_defined = known != grad_defined_.end() && known->second.defined &&
+                                     known->second.leaf._unsafe_get_target() == x.unsafeGetTensorImpl();
+            set(x, true, !was_defined);
+          }
+        } else {
+          for (auto pos = grad_defined_.begin(); pos != grad_defined_.end();)
+            pos = pos->second.defined ? std::next(pos) : grad_defined_.erase(pos);
+        }
       }
       break;
     default:
@@ -882,7 +917,9 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
 }
 
 void PythonRunner::wait_for(uint64_t seq) {
-  if (!runner_ || runner_->done() >= seq) return;
+  if (!runner_) return;
+  drained_ = std::max(drained_, std::min(seq, runner_->issued()));
+  if (runner_->done() >= seq) return;
   const int64_t start = now_ns();
   {
     GilReleased unlocked;

@@ -204,11 +204,22 @@ class PythonRunner {
   std::unordered_map<const c10::StorageImpl*, ScalarUse> scalar_use_;
   bool run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   int paused_ = 0;
-  // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown).
+  // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown), and the issue
+  // sequence of the last item that may have given it another gradient tensor (a `.grad =`, a
+  // backward creating it where it was undefined, or any backward with create_graph): 0 where the
+  // real leaf's gradient is the one the program sees at this point.
   struct GradState {
     c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
     bool defined;
+    uint64_t replaced_at = 0;
   };
+  // Issued items the program thread has waited for (wait_for): a program-order fact, so what is
+  // decided from it is the same in every iteration that follows the same path.
+  uint64_t drained_ = 0;
+  // A `.grad` read whose answer is the leaf's real gradient: known defined, and no item issued
+  // since the last wait that covers it may have replaced it (a backward into a defined gradient
+  // accumulates in place). Such reads need no item, no placeholder and no GraphRunner.
+  bool grad_settled(const at::Tensor& leaf) const;
   std::unordered_map<const c10::TensorImpl*, GradState> grad_defined_;
   // Before a traced backward: each known leaf's gradient (tensor and version), to see which it reached.
   std::unordered_map<const c10::TensorImpl*, std::pair<const c10::TensorImpl*, int64_t>> grads_before_;
