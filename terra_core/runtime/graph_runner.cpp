@@ -202,7 +202,7 @@ WorkItem& GraphRunner::next_item() {
     // Full: wait until a quarter of the ring is free, not just one item, so a program thread
     // that runs ahead does not trade a wake-up with the GraphRunner for every op it issues.
     wait_for(issued_ + ring_.size() / 4 - ring_.size());
-    reclaim();
+    reclaim(/*all=*/true);
   }
   return ring_[issued_ % ring_.size()];
 }
@@ -222,8 +222,9 @@ uint64_t GraphRunner::issue() {
   return issued_;
 }
 
-void GraphRunner::reclaim() {
-  uint64_t d = done();
+void GraphRunner::reclaim(bool all) {
+  uint64_t d = done();  // before the hold: a hold stored before `done` moved past it is seen
+  if (!all) d = std::min(d, hold_.load() - 1);
   for (; reclaimed_ < d; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
 }
 
@@ -329,6 +330,7 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   BlockStore& b = *blocks_;
   flush_counts();
   b.abandon();  // an iteration that ended without EndIteration (it diverged) is not a block
+  hold_.store(seq);  // seq_cst, before `done_` passes it
   b.iteration = item.iteration;
   b.graph = item.graph;
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
@@ -462,6 +464,7 @@ void GraphRunner::end_iteration() {
   }
   b.abandon();
   b.iteration = ~uint64_t{0};
+  hold_.store(kNoHold);
 }
 
 void GraphRunner::loop() {

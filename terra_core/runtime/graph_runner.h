@@ -125,8 +125,17 @@ class GraphRunner {
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
-  // Python thread: drop the references held by executed items.
-  void reclaim();
+  // Python thread: drop the references held by executed items, except (unless `all`) those of
+  // the iteration the GraphRunner is in. A tensor with a Python object whose last C++ reference
+  // besides that object is dropped decrefs the object, which takes the GIL (torch's PyObject
+  // preservation): if the GraphRunner dropped it (a replayed block's value table, an autograd
+  // graph's saved tensors), it waited for the GIL and handed it back, two futex calls on each
+  // thread, up to ten per step of a small MLP. Items of the current iteration keep such tensors
+  // referenced until the GraphRunner has left the iteration, so its own references are never the
+  // last but one. `all` when the ring is full or everything was drained.
+  void reclaim(bool all = false);
+  // Python thread: whether `next_item` will return without waiting for the GraphRunner.
+  bool has_room() const { return issued_ - reclaimed_ < ring_.size(); }
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   // Takes the pending error (Python thread, after a wait); the runner resumes normal work.
@@ -202,6 +211,10 @@ class GraphRunner {
   uint64_t reclaimed_ = 0;  // Python thread only
   std::atomic<uint64_t> published_{0};
   std::atomic<uint64_t> done_{0};
+  // Sequence number of the first item of the iteration the GraphRunner is in (reclaim stops
+  // before it); kNoHold between iterations.
+  static constexpr uint64_t kNoHold = UINT64_MAX;
+  std::atomic<uint64_t> hold_{kNoHold};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> active_{false};

@@ -755,8 +755,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   }
   GraphRunner& r = runner();
   WorkItem* item;
-  {
-    GilReleased unlocked;  // the ring may be full: never wait holding the GIL
+  if (r.has_room()) {
+    item = &r.next_item();
+  } else {
+    GilReleased unlocked;  // the ring is full: never wait holding the GIL
     item = &r.next_item();
   }
   const uint64_t seq = r.issued() + 1;
@@ -1012,7 +1014,7 @@ void PythonRunner::catch_up(bool move_team) {
   if (!runner_) return;
   take_team_back(move_team);  // waits for everything issued before it, too
   materialize_all();
-  runner_->reclaim();
+  runner_->reclaim(/*all=*/true);
   advance_sequence(runner_->sequence());  // the program continues eagerly from here
 }
 

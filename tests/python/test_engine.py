@@ -5,7 +5,12 @@ actually happening, divergence and its explanation, errors raised by ops in the 
 exceptions and KeyboardInterrupt in the middle of a co-executed iteration, placeholders that
 outlive the session, and the explicit `coexecute`/`iteration` API.
 """
+import collections
+import gc
 import threading
+import weakref
+
+import numpy as np
 
 import pytest
 import torch
@@ -683,3 +688,34 @@ def test_settled_gradients_are_read_directly_and_replaced_ones_wait(set_to_none,
         # object per gradient, as in eager execution.
         assert stats["grad_reads_direct"] >= 15 * 6, stats
         assert seen == eager_seen
+
+
+def finalizer_threads(steps):
+    """Inputs made from NumPy (real tensors with Python objects) that the program drops while the
+    GraphRunner still uses them; each one's finalizer records the thread it runs on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    threads = []
+    for step in range(steps):
+        x = torch.from_numpy(np.full((8, 4), step * 0.01, dtype=np.float32))
+        weakref.finalize(x, lambda: threads.append(threading.get_ident()))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        del x
+    return threads, [p.detach().clone() for p in model.parameters()]
+
+
+def test_tensors_the_program_dropped_are_freed_in_the_program_thread():
+    # A tensor's Python object dies where its last C++ reference but one is dropped. Were that
+    # the GraphRunner (a replayed block's values, an autograd graph's saved tensors), it would
+    # take the GIL in the middle of the program's Python, and finalizers would run on its thread.
+    main = threading.get_ident()
+    eager_threads, eager_params = finalizer_threads(30)
+    threads, params = terra.run(finalizer_threads, 30)
+    gc.collect()
+    assert set(eager_threads) == {main}
+    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
+    assert terra.stats("finalizer_threads")["iterations_coexecuted"] >= 20
+    assert len(threads) >= 25 and set(threads) == {main}, collections.Counter(threads)
