@@ -1151,7 +1151,7 @@ void BlockReplayer::run(WorkItem& item) {
   }
   for (const ItemPlan::GradEffect& e : p.effects) {
     at::Tensor leaf = value(block.leaves[e.leaf]).toTensor();
-    leaf.mutable_grad() = tensor(e.value);
+    item.released.push_back(std::exchange(leaf.mutable_grad(), tensor(e.value)));
   }
   if (p.kind == OpKind::Aten) {
     for (size_t k = 0; k < item.outs.size() && k < p.outs.size(); ++k) {

@@ -81,10 +81,11 @@ void run_grad_read(WorkItem& item) {
   if (g.defined()) item.outs[0]->value = g;
 }
 
-void run_grad_write(const WorkItem& item) {
+void run_grad_write(WorkItem& item) {
   at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
   const c10::IValue& v = item.args.at(1);
-  t.mutable_grad() = v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor());
+  item.released.push_back(
+      std::exchange(t.mutable_grad(), v.isNone() ? at::Tensor() : resolve_placeholder(v.toTensor())));
 }
 
 void fill_output(WorkItem& item, size_t k, const at::Tensor& value) {

@@ -70,9 +70,14 @@ struct WorkItem {
   uint64_t iteration = 0;                   // serial number of the issuing iteration (timeline)
   std::optional<c10::Stream> stream;        // accelerator ops: the program thread's stream (streams.h)
   std::vector<at::Tensor> garbage;          // GraphRunner-made values to free there, after executing
+  // Tensors the GraphRunner let go of that the program may have seen (a gradient replaced by
+  // `.grad =` or by a replayed backward): freed with the item, in the Python thread, since the
+  // last reference but one to a tensor with a Python object takes the GIL (GraphRunner::reclaim).
+  std::vector<at::Tensor> released;
   void clear() {
     args.clear();
     outs.clear();
+    released.clear();
   }
 };
 
@@ -93,7 +98,7 @@ void advance_sequence(uint64_t floor);
 
 // Pieces of an item's execution that block replay shares (block_replay.h).
 void run_grad_read(WorkItem& item);
-void run_grad_write(const WorkItem& item);
+void run_grad_write(WorkItem& item);
 // Output `k` of an Aten item is `value`: checked against the traced metadata, put in its slot.
 void fill_output(WorkItem& item, size_t k, const at::Tensor& value);
 

@@ -644,7 +644,7 @@ void PythonRunner::snapshot_grads() {
 bool PythonRunner::grad_settled(const at::Tensor& leaf) const {
   if (as_placeholder(leaf)) return false;
   auto known = grad_defined_.find(leaf.unsafeGetTensorImpl());  // alive: choose_grad_read found it
-  if (known == grad_defined_.end() || !known->second.defined || known->second.replaced_at > drained_)
+  if (known == grad_defined_.end() || !known->second.defined || known->second.replaced_at != 0)
     return false;
   const at::Tensor& g = leaf.grad();  // no issued item writes this field before the next wait
   return g.defined() && !as_placeholder(g);
@@ -919,9 +919,7 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
 }
 
 void PythonRunner::wait_for(uint64_t seq) {
-  if (!runner_) return;
-  drained_ = std::max(drained_, std::min(seq, runner_->issued()));
-  if (runner_->done() >= seq) return;
+  if (!runner_ || runner_->done() >= seq) return;
   const int64_t start = now_ns();
   {
     GilReleased unlocked;

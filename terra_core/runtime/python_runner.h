@@ -207,18 +207,20 @@ class PythonRunner {
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown), and the issue
   // sequence of the last item that may have given it another gradient tensor (a `.grad =`, a
   // backward creating it where it was undefined, or any backward with create_graph): 0 where the
-  // real leaf's gradient is the one the program sees at this point.
+  // program thread has seen the real gradient since (traced, or fetched after a wait).
   struct GradState {
     c10::weak_intrusive_ptr<c10::TensorImpl> leaf;
     bool defined;
     uint64_t replaced_at = 0;
   };
-  // Issued items the program thread has waited for (wait_for): a program-order fact, so what is
-  // decided from it is the same in every iteration that follows the same path.
-  uint64_t drained_ = 0;
   // A `.grad` read whose answer is the leaf's real gradient: known defined, and no item issued
-  // since the last wait that covers it may have replaced it (a backward into a defined gradient
-  // accumulates in place). Such reads need no item, no placeholder and no GraphRunner.
+  // since the program thread last saw the real gradient may have replaced it (a backward into a
+  // defined gradient accumulates in place). Such reads need no item, no placeholder and no
+  // GraphRunner: the optimizers' and zero_grad(set_to_none=False)'s reads of gradients kept
+  // across steps. A gradient replaced while co-executing (zero_grad's default set_to_none) stays
+  // read through items: answering those directly once a fetch had drained the GraphRunner made
+  // such programs slower (corpus p10, p12, p24: whole-program 1.0-1.7x eager's time became
+  // 2.3-2.8x; not understood).
   bool grad_settled(const at::Tensor& leaf) const;
   std::unordered_map<const c10::TensorImpl*, GradState> grad_defined_;
   // Before a traced backward: each known leaf's gradient (tensor and version), to see which it reached.
