@@ -719,3 +719,29 @@ def test_tensors_the_program_dropped_are_freed_in_the_program_thread():
     assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
     assert terra.stats("finalizer_threads")["iterations_coexecuted"] >= 20
     assert len(threads) >= 25 and set(threads) == {main}, collections.Counter(threads)
+
+
+def replaced_gradient_threads(steps):
+    """Gradients the program reads, then replaces (`.grad =`); each one's finalizer records the
+    thread it runs on."""
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.zeros(3)
+    threads = []
+    for step in range(steps):
+        (w * step).sum().backward()
+        # A temporary: once the read is done, only the leaf keeps the gradient alive.
+        weakref.finalize(w.grad, lambda: threads.append(threading.get_ident()))
+        w.grad = torch.zeros(3)
+    return threads, w.detach().clone()
+
+
+def test_gradients_replaced_in_the_graphrunner_are_freed_in_the_program_thread():
+    main = threading.get_ident()
+    eager_threads, eager_w = replaced_gradient_threads(20)
+    threads, w = terra.run(replaced_gradient_threads, 20)
+    gc.collect()
+    assert set(eager_threads) == {main}
+    assert torch.equal(w, eager_w)
+    stats = terra.stats("replaced_gradient_threads")
+    assert stats["iterations_coexecuted"] >= 10 and stats["grad_reads_direct"] >= 1, stats
+    assert len(threads) >= 19 and set(threads) == {main}, collections.Counter(threads)
