@@ -73,11 +73,6 @@ c10::impl::GenericList optional_tensor_list(const py::handle& seq) {
   return out;
 }
 
-py::object wrap(const c10::IValue& v) {
-  if (v.isTensor() && v.toTensor().defined()) return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
-  return py::none();
-}
-
 // torch.autograd's engine entry, intercepted: `original` is torch's own function.
 // torch.autograd's _engine_run_backward(t_outputs, grad_tensors, retain_graph, create_graph,
 // inputs, allow_unreachable, accumulate_grad), positional or keyword after the outputs:
@@ -116,15 +111,25 @@ PyObject* mark(PyObject*, PyObject* boundary) {
   END_HANDLE_TH_ERRORS
 }
 
-py::object grad_get(py::object self) {
-  torch::jit::Stack stack{THPVariable_Unpack(self.ptr())};
+// `Tensor.grad`'s getter while a session is open: a plain METH_O function, the property's fget
+// itself, without a Python function or pybind11's argument conversion around it (an optimizer
+// step reads every gradient two or three times).
+PyObject* grad_get(PyObject*, PyObject* self) {
+  HANDLE_TH_ERRORS
+  if (!THPVariable_Check(self)) {
+    PyErr_Format(PyExc_TypeError, "grad: expected a Tensor, got %s", Py_TYPE(self)->tp_name);
+    return nullptr;
+  }
+  torch::jit::Stack stack{THPVariable_Unpack(self)};
   R().on_pseudo(OpKind::GradRead, ".grad", &stack, [](torch::jit::Stack* s) {
     at::Tensor t = s->at(0).toTensor();
     s->clear();
     const at::Tensor& g = t.grad();
     s->emplace_back(g.defined() ? c10::IValue(g) : c10::IValue());
   });
-  return wrap(stack.empty() ? c10::IValue() : stack[0]);
+  if (stack.empty() || !stack[0].isTensor() || !stack[0].toTensor().defined()) Py_RETURN_NONE;
+  return THPVariable_Wrap(stack[0].toTensor());
+  END_HANDLE_TH_ERRORS
 }
 
 void grad_set(py::object self, py::object value, py::object setter) {
@@ -218,7 +223,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("opaque_begin", [](const std::string& reason, const std::string& what) { R().opaque_begin(reason, what); });
   m.def("opaque_end", [] { R().opaque_end(); });
   m.def("backward", &backward);
-  m.def("grad_get", &grad_get);
+  static PyMethodDef grad_get_def{"grad_get", &grad_get, METH_O, "Tensor.grad while co-executing."};
+  m.add_object("grad_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&grad_get_def, nullptr, m.ptr())));
   m.def("grad_set", &grad_set);
   m.def("policy", [](py::kwargs kw) {
     auto& p = R().policy();

@@ -62,10 +62,6 @@ def _run_backward(t_outputs, *args, **kwargs):
     return _C.backward(_original_run_backward, tuple(t_outputs), *args, **kwargs)
 
 
-def _get_grad(self):
-    return _C.grad_get(self)
-
-
 def _opaque_apply(cls, *args, **kwargs):
     # A custom autograd.Function: its forward (and, through the backward-hook check, its
     # backward) runs eagerly in the program's thread, untraced.
@@ -216,7 +212,7 @@ def pseudo_ops(on):
     In for a session, except while a loop runs eagerly (eager_hold)."""
     if on and not _pseudo:
         _set(_autograd, "_engine_run_backward", _run_backward, _pseudo)
-        _set(torch.Tensor, "grad", property(_get_grad, _set_grad, _del_grad, _base_grad.__doc__),
+        _set(torch.Tensor, "grad", property(_C.grad_get, _set_grad, _del_grad, _base_grad.__doc__),
              _pseudo)
     elif not on:
         _restore(_pseudo)
