@@ -1,0 +1,137 @@
+"""Two builds of Terra against each other and against eager, on corpus programs, each run in a
+fresh process, in interleaved rounds.
+
+`bench/corpus.py` times Terra in one long-lived process that idles while each eager child runs;
+on this 2-core host its ratios swing by 1.5x between two runs of the same build, and which mode
+the payoff check picks swings with them. A change is judged here instead: per round, one fresh
+eager process and one fresh process per build, each running the program three times (one
+untimed, then the median of two), so builds differ only in the `terra` package they import.
+
+    # a baseline build of an earlier commit (its extension and Python package), once:
+    git worktree add /tmp/base <commit> && cmake -S /tmp/base -B /tmp/base/build \\
+        -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$PWD/.venv/bin/python && \\
+        cmake --build /tmp/base/build -j2 --target terra_python
+    .venv/bin/python bench/ab.py --base /tmp/base/build/python [--rounds 3] [program-substring ...]
+
+Prints, per program, eager's steady step and each build's steady-step and whole-program ratios
+to eager (medians over rounds; same definitions as bench/corpus.py) and co-executed share, then
+geometric means; `--out` writes them as JSON.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(name, mode, loop):
+    """In a fresh process: the program eagerly or under Terra, as bench/corpus.py times it."""
+    spec = importlib.util.spec_from_file_location("bench_corpus", ROOT / "bench" / "corpus.py")
+    bc = importlib.util.module_from_spec(spec)
+    sys.argv = sys.argv[:1]
+    spec.loader.exec_module(bc)
+    import terra
+    main = bc.corpus.load(name).main
+    med = statistics.median
+    if mode == "eager":
+        target = terra._instrument(main) or main
+        bc.run_eager(target, loop)
+        runs = [bc.run_eager(target, loop) for _ in range(2)]
+        out = {"wall": med(r[0] for r in runs), "step": med(r[1][0] for r in runs if r[1])}
+    else:
+        first = bc.run_terra(main)
+        runs = [bc.run_terra(main) for _ in range(2)]
+        out = {"wall": med(r[0] for r in runs), "step": med(r[1][0] for r in runs if r[1]),
+               "loop": first[6], "coexec": med(r[4] for r in runs)}
+    print(json.dumps(out))
+
+
+def spawn(name, mode, pythonpath=None, loop=-1):
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, __file__, "--child", name, mode, str(loop)], env=env,
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    if out.returncode:
+        raise SystemExit(f"{name} ({mode}, {pythonpath or 'this build'}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("programs", nargs="*", help="substrings of corpus program names (default: all)")
+    ap.add_argument("--base", required=False, help="PYTHONPATH of the baseline build's terra package")
+    ap.add_argument("--base-label", help="what the baseline is (a commit), for the results file")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        name, mode, loop = args.child
+        return child(name, mode, int(loop))
+    sys.path.insert(0, str(ROOT / "tests" / "programs"))
+    import corpus
+    names = [n for n in corpus.PROGRAMS if not args.programs or any(p in n for p in args.programs)]
+    builds = {"base": args.base, "this": None} if args.base else {"this": None}
+    med = statistics.median
+    rows = []
+    for name in names:
+        loop = spawn(name, "terra")["loop"]
+        eager, runs = [], {b: [] for b in builds}
+        for _ in range(args.rounds):
+            eager.append(spawn(name, "eager", loop=loop))
+            for b, path in builds.items():
+                runs[b].append(spawn(name, "terra", path))
+        e_step, e_wall = med(r["step"] for r in eager), med(r["wall"] for r in eager)
+        row = {"program": name, "eager_step_ms": e_step * 1e3}
+        line = f"{name:34s} eager {e_step * 1e3:7.3f} ms"
+        for b in builds:
+            row[b] = {"step_ratio": med(r["step"] for r in runs[b]) / e_step,
+                      "wall_ratio": med(r["wall"] for r in runs[b]) / e_wall,
+                      "coexec_share": med(r["coexec"] for r in runs[b])}
+            line += (f" | {b} step {row[b]['step_ratio']:.2f} whole {row[b]['wall_ratio']:.2f}"
+                     f" co {row[b]['coexec_share'] * 100:.0f}%")
+        rows.append(row)
+        print(line, flush=True)
+    geo = statistics.geometric_mean
+    for b in builds:
+        print(f"{b}: geometric mean step ratio {geo(r[b]['step_ratio'] for r in rows):.3f}, "
+              f"whole-program {geo(r[b]['wall_ratio'] for r in rows):.3f}")
+    if args.out:
+        write(Path(args.out), rows, builds, args)
+
+
+def write(out, rows, builds, args):
+    """`out`.json with the rows, `out`.md with the table."""
+    import platform
+    import time
+    import torch
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rounds": args.rounds,
+            "base": args.base_label or args.base}
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    geo = statistics.geometric_mean
+    head = "| program | eager ms/step | " + " | ".join(
+        f"{b} step | {b} whole | {b} co-executed" for b in builds) + " |"
+    lines = [f"# Terra builds side by side against eager (bench/ab.py)", "",
+             f"{meta['date']}, torch {meta['torch']}, {meta['machine']}, {args.rounds} interleaved "
+             f"rounds of fresh processes (eager, then each build), medians; ratios to eager, lower "
+             f"is faster. base: {meta['base'] or '-'}; this: the checkout's build.", "", head,
+             "|---|---:|" + "---:|---:|---:|" * len(builds)]
+    for r in rows:
+        lines.append(f"| {r['program']} | {r['eager_step_ms']:.3f} | " + " | ".join(
+            f"{r[b]['step_ratio']:.2f} | {r[b]['wall_ratio']:.2f} | {r[b]['coexec_share'] * 100:.0f}%"
+            for b in builds) + " |")
+    lines += ["", "Geometric means: " + "; ".join(
+        f"{b} step {geo(r[b]['step_ratio'] for r in rows):.3f}, whole "
+        f"{geo(r[b]['wall_ratio'] for r in rows):.3f}" for b in builds) + "."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
