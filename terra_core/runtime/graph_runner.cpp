@@ -224,9 +224,38 @@ uint64_t GraphRunner::issue() {
 }
 
 void GraphRunner::reclaim(bool all) {
-  uint64_t d = done();  // before the hold: a hold stored before `done` moved past it is seen
-  if (!all) d = std::min(d, hold_.load() - 1);
-  for (; reclaimed_ < d; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
+  const uint64_t d = done();  // before the hold: a hold stored before `done` moved past it is seen
+  const uint64_t held = all ? d : std::min(d, hold_.load() - 1);
+  for (; reclaimed_ < held; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
+  for (lightened_ = std::max(lightened_, reclaimed_); lightened_ < d; ++lightened_)
+    ring_[lightened_ % ring_.size()].drop_placeholders();
+}
+
+void WorkItem::drop_placeholders() {
+  outs.clear();
+  for (c10::IValue& v : args) {
+    if (v.isTensor()) {
+      if (as_placeholder(v.toTensor())) v = c10::IValue();
+    } else if (v.isTensorList() || v.isList()) {
+      // A list goes only if all its tensors are placeholders (a foreach op's gradients).
+      bool all = true, any = false;
+      auto check = [&](const at::Tensor& t) {
+        if (as_placeholder(t)) {
+          any = true;
+        } else {
+          all = false;
+        }
+      };
+      if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) check(t);
+      } else {
+        for (const c10::IValue& e : v.toList()) {
+          if (e.isTensor()) check(e.toTensor());
+        }
+      }
+      if (any && all) v = c10::IValue();
+    }
+  }
 }
 
 void GraphRunner::wait_for(uint64_t seq, bool spin) {

@@ -79,6 +79,10 @@ struct WorkItem {
     outs.clear();
     released.clear();
   }
+  // Once executed: what only the Python thread references (the outputs' slots, the placeholders
+  // among the arguments: the GraphRunner resolves those to their slots' values), so temporaries
+  // the program dropped are freed as they would be eagerly. Real tensors stay until `clear`.
+  void drop_placeholders();
 };
 
 // An op that failed in the GraphRunner: its exception, rethrown in the Python thread with the op
@@ -130,8 +134,8 @@ class GraphRunner {
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
-  // Python thread: drop the references held by executed items, except (unless `all`) those of
-  // the iteration the GraphRunner is in. A tensor with a Python object whose last C++ reference
+  // Python thread: drop the references held by executed items, except (unless `all`) the real
+  // tensors among the arguments of the iteration the GraphRunner is in. A tensor with a Python object whose last C++ reference
   // besides that object is dropped decrefs the object, which takes the GIL (torch's PyObject
   // preservation): if the GraphRunner dropped it (a replayed block's value table, an autograd
   // graph's saved tensors), it waited for the GIL and handed it back, two futex calls on each
@@ -214,6 +218,7 @@ class GraphRunner {
   std::vector<WorkItem> ring_;
   uint64_t issued_ = 0;     // written by the Python thread only
   uint64_t reclaimed_ = 0;  // Python thread only
+  uint64_t lightened_ = 0;  // Python thread only: items whose placeholders were dropped
   std::atomic<uint64_t> published_{0};
   std::atomic<uint64_t> done_{0};
   // Sequence number of the first item of the iteration the GraphRunner is in (reclaim stops

@@ -30,6 +30,12 @@ PlaceholderImpl::PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<Ali
   set_storage_access_should_throw();
 }
 
+void PlaceholderImpl::release_resources() {
+  TensorImpl::release_resources();
+  slot_.reset();
+  group_.reset();
+}
+
 c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::copy_detached(
     bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<PlaceholderImpl>(slot_, group_, key_set(), dtype(), device(),
