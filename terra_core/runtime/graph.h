@@ -59,7 +59,7 @@ struct Graph {
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;
   // Co-executed `.grad` reads answered with the leaf's real gradient, without an item or a
-  // placeholder (PythonRunner::grad_settled).
+  // placeholder (PythonRunner::choose_grad_read).
   uint64_t grad_reads_direct = 0;
   // Co-executed iterations whose time was not a payoff sample: the first two after a switch
   // measured the GraphRunner starting (PythonRunner::coexec_seconds).

@@ -231,31 +231,32 @@ void GraphRunner::reclaim(bool all) {
     ring_[lightened_ % ring_.size()].drop_placeholders();
 }
 
+namespace {
+
+// A tensor, or a list of tensors (a foreach op's gradients), that holds placeholders only.
+bool only_placeholders(const c10::IValue& v) {
+  if (v.isTensor()) return as_placeholder(v.toTensor()) != nullptr;
+  bool any = false;
+  auto one = [&](const at::Tensor& t) {
+    any = true;
+    return as_placeholder(t) != nullptr;
+  };
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList())
+      if (!one(t)) return false;
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList())
+      if (e.isTensor() && !one(e.toTensor())) return false;
+  }
+  return any;
+}
+
+}  // namespace
+
 void WorkItem::drop_placeholders() {
   outs.clear();
-  for (c10::IValue& v : args) {
-    if (v.isTensor()) {
-      if (as_placeholder(v.toTensor())) v = c10::IValue();
-    } else if (v.isTensorList() || v.isList()) {
-      // A list goes only if all its tensors are placeholders (a foreach op's gradients).
-      bool all = true, any = false;
-      auto check = [&](const at::Tensor& t) {
-        if (as_placeholder(t)) {
-          any = true;
-        } else {
-          all = false;
-        }
-      };
-      if (v.isTensorList()) {
-        for (const at::Tensor& t : v.toTensorList()) check(t);
-      } else {
-        for (const c10::IValue& e : v.toList()) {
-          if (e.isTensor()) check(e.toTensor());
-        }
-      }
-      if (any && all) v = c10::IValue();
-    }
-  }
+  for (c10::IValue& v : args)
+    if (only_placeholders(v)) v = c10::IValue();
 }
 
 void GraphRunner::wait_for(uint64_t seq, bool spin) {

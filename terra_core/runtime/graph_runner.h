@@ -134,14 +134,12 @@ class GraphRunner {
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
-  // Python thread: drop the references held by executed items, except (unless `all`) the real
-  // tensors among the arguments of the iteration the GraphRunner is in. A tensor with a Python object whose last C++ reference
-  // besides that object is dropped decrefs the object, which takes the GIL (torch's PyObject
-  // preservation): if the GraphRunner dropped it (a replayed block's value table, an autograd
-  // graph's saved tensors), it waited for the GIL and handed it back, two futex calls on each
-  // thread, up to ten per step of a small MLP. Items of the current iteration keep such tensors
-  // referenced until the GraphRunner has left the iteration, so its own references are never the
-  // last but one. `all` when the ring is full or everything was drained.
+  // Python thread: drop the references held by executed items, except (unless `all`: the ring is
+  // full, or everything was drained) the real tensors among the arguments of the iteration the
+  // GraphRunner is in. Dropping the last C++ reference but one to a tensor with a Python object
+  // decrefs the object under the GIL (torch's PyObject preservation); were that the GraphRunner's
+  // (a replayed block's value table, an autograd graph's saved tensors), it would wait for the
+  // GIL and hand it back: two futex calls on each thread, up to ten per step of a small MLP.
   void reclaim(bool all = false);
   // Python thread: whether `next_item` will return without waiting for the GraphRunner.
   bool has_room() const { return issued_ - reclaimed_ < ring_.size(); }

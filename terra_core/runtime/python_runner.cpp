@@ -538,12 +538,13 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
   if (runner().failed()) raise_if_failed();
   uint32_t node = kNoNode;
   bool fetched = false;
+  bool settled = false;  // a .grad read answered with the real gradient (choose_grad_read)
   std::string why;
   auto it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {
     if (kind == OpKind::GradRead) {
       const at::Tensor& t = stack->at(0).toTensor();
-      node = choose_grad_read(it->second, t);
+      node = choose_grad_read(it->second, t, &settled);
       if (node == kNoNode && !as_placeholder(t)) {
         // Whether the gradient exists depends on the path the backward took: ask the GraphRunner.
         wait_for(last_external_write_);
@@ -551,7 +552,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
         grad_defined_.insert_or_assign(
             t.unsafeGetTensorImpl(),
             GradState{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), t.grad().defined()});
-        node = choose_grad_read(it->second, t);
+        node = choose_grad_read(it->second, t, &settled);
         fetched = node != kNoNode;
       }
       if (node == kNoNode) why = "whether .grad is defined here is not known";
@@ -601,7 +602,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
     note_grads(node, args, *stack, /*traced=*/true);
     return true;
   }
-  if (kind == OpKind::GradRead && grad_settled(stack->at(0).toTensor())) {
+  if (settled) {
     ++graph_->grad_reads_direct;
     exec(stack);
     return true;
@@ -641,27 +642,22 @@ void PythonRunner::snapshot_grads() {
   }
 }
 
-bool PythonRunner::grad_settled(const at::Tensor& leaf) const {
-  if (as_placeholder(leaf)) return false;
-  auto known = grad_defined_.find(leaf.unsafeGetTensorImpl());  // alive: choose_grad_read found it
-  if (known == grad_defined_.end() || !known->second.defined || known->second.replaced_at != 0)
-    return false;
-  const at::Tensor& g = leaf.grad();  // no issued item writes this field before the next wait
-  return g.defined() && !as_placeholder(g);
-}
-
 uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
-                                        const at::Tensor& t) {
+                                        const at::Tensor& t, bool* settled) {
   const at::Tensor base = as_placeholder(t) ? at::Tensor() : t;
   auto known = base.defined() ? grad_defined_.find(base.unsafeGetTensorImpl()) : grad_defined_.end();
   if (known != grad_defined_.end() && known->second.leaf.lock().get() != base.unsafeGetTensorImpl())
     known = grad_defined_.end();  // a dead tensor's address, reused
   if (known == grad_defined_.end()) return kNoNode;  // not known here: the caller fetches it
+  const GradState& state = known->second;
   for (uint32_t id : candidates) {
     const OpTemplate& c = graph_->nodes[id].tmpl;
-    if (c.kind == OpKind::GradRead && c.matches({t}, nullptr) &&
-        c.outs.at(0).none == !known->second.defined)
+    if (c.kind == OpKind::GradRead && c.matches({t}, nullptr) && c.outs.at(0).none == !state.defined) {
+      // With nothing issued that may have replaced it, the leaf's gradient is the one the
+      // program sees here (a guard: the real field must agree).
+      *settled = state.defined && state.replaced_at == 0 && t.grad().defined();
       return id;
+    }
   }
   return kNoNode;
 }
@@ -671,14 +667,16 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
   OpTemplate& t = graph_->nodes[node].tmpl;
   // The item just issued, if this op was co-executed (a traced op ran for real: nothing pending).
   const uint64_t seq = traced || !runner_ ? 0 : runner_->issued();
+  // A weak reference keeps its target's address, so an entry found for a live `x` is x's.
   auto set = [&](const at::Tensor& x, bool defined, bool replaced) {
     if (!x.defined() || as_placeholder(x)) return;
-    GradState fresh{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), defined};
-    auto [pos, added] = grad_defined_.try_emplace(x.unsafeGetTensorImpl(), fresh);
-    if (!added && pos->second.leaf._unsafe_get_target() != x.unsafeGetTensorImpl()) pos->second = fresh;
-    pos->second.defined = defined;
-    if (traced) pos->second.replaced_at = 0;
-    else if (replaced) pos->second.replaced_at = seq;
+    GradState& s = grad_defined_
+                       .try_emplace(x.unsafeGetTensorImpl(),
+                                    GradState{c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr()), defined})
+                       .first->second;
+    s.defined = defined;
+    if (traced) s.replaced_at = 0;
+    else if (replaced) s.replaced_at = seq;
   };
   auto leaf = [](const c10::IValue& v) { return v.isTensor() ? v.toTensor() : at::Tensor(); };
   switch (t.kind) {
@@ -731,9 +729,7 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
             at::Tensor x(weak.lock());
             if (!x.defined()) continue;
             auto known = grad_defined_.find(x.unsafeGetTensorImpl());
-            const bool was_defined = known != grad_defined_.end() && known->second.defined &&
-                                     known->second.leaf._unsafe_get_target() == x.unsafeGetTensorImpl();
-            set(x, true, !was_defined);
+            set(x, true, /*replaced=*/known == grad_defined_.end() || !known->second.defined);
           }
         } else {
           for (auto pos = grad_defined_.begin(); pos != grad_defined_.end();)

@@ -169,8 +169,16 @@ class PythonRunner {
   uint64_t needed_seq(const c10::IValue& v) const;
   bool passthrough(const c10::OperatorHandle& op);
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
-  // the Python side from the backward and `.grad =` ops issued so far.
-  uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t);
+  // the Python side from the backward and `.grad =` ops issued so far. `settled`: the read is
+  // answered with the leaf's real gradient, because no item issued since the program thread last
+  // saw it may have replaced it (a backward into a defined gradient accumulates in place): no
+  // item, no placeholder, no GraphRunner. That covers the optimizers' and
+  // zero_grad(set_to_none=False)'s reads of gradients kept across steps. A gradient replaced while
+  // co-executing (zero_grad's default set_to_none) is read through an item: answering those
+  // directly once a fetch had drained the GraphRunner made such programs slower (corpus p10, p12,
+  // p24: whole-program 1.0-1.7x eager's time became 2.3-2.8x; not understood).
+  uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t,
+                            bool* settled);
   void note_grads(uint32_t node, const torch::jit::Stack& args, const torch::jit::Stack& returns,
                   bool traced);
 
@@ -213,15 +221,6 @@ class PythonRunner {
     bool defined;
     uint64_t replaced_at = 0;
   };
-  // A `.grad` read whose answer is the leaf's real gradient: known defined, and no item issued
-  // since the program thread last saw the real gradient may have replaced it (a backward into a
-  // defined gradient accumulates in place). Such reads need no item, no placeholder and no
-  // GraphRunner: the optimizers' and zero_grad(set_to_none=False)'s reads of gradients kept
-  // across steps. A gradient replaced while co-executing (zero_grad's default set_to_none) stays
-  // read through items: answering those directly once a fetch had drained the GraphRunner made
-  // such programs slower (corpus p10, p12, p24: whole-program 1.0-1.7x eager's time became
-  // 2.3-2.8x; not understood).
-  bool grad_settled(const at::Tensor& leaf) const;
   std::unordered_map<const c10::TensorImpl*, GradState> grad_defined_;
   // Before a traced backward: each known leaf's gradient (tensor and version), to see which it reached.
   std::unordered_map<const c10::TensorImpl*, std::pair<const c10::TensorImpl*, int64_t>> grads_before_;

@@ -707,18 +707,26 @@ def finalizer_threads(steps):
     return threads, [p.detach().clone() for p in model.parameters()]
 
 
+def assert_finalized_in_program_thread(program, steps, finalized):
+    """Runs `program` (returning its finalizers' threads and its final tensors) eagerly and under
+    Terra: the same tensors, and at least `finalized` finalizers, every one in this thread.
+    Returns Terra's stats for the program."""
+    main = threading.get_ident()
+    eager_threads, eager_state = program(steps)
+    threads, state = terra.run(program, steps)
+    gc.collect()
+    assert set(eager_threads) == {main}
+    assert all(torch.equal(a, b) for a, b in zip(state, eager_state))
+    assert len(threads) >= finalized and set(threads) == {main}, collections.Counter(threads)
+    return terra.stats(program.__name__)
+
+
 def test_tensors_the_program_dropped_are_freed_in_the_program_thread():
     # A tensor's Python object dies where its last C++ reference but one is dropped. Were that
     # the GraphRunner (a replayed block's values, an autograd graph's saved tensors), it would
     # take the GIL in the middle of the program's Python, and finalizers would run on its thread.
-    main = threading.get_ident()
-    eager_threads, eager_params = finalizer_threads(30)
-    threads, params = terra.run(finalizer_threads, 30)
-    gc.collect()
-    assert set(eager_threads) == {main}
-    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
-    assert terra.stats("finalizer_threads")["iterations_coexecuted"] >= 20
-    assert len(threads) >= 25 and set(threads) == {main}, collections.Counter(threads)
+    stats = assert_finalized_in_program_thread(finalizer_threads, 30, finalized=25)
+    assert stats["iterations_coexecuted"] >= 20
 
 
 def replaced_gradient_threads(steps):
@@ -732,19 +740,12 @@ def replaced_gradient_threads(steps):
         # A temporary: once the read is done, only the leaf keeps the gradient alive.
         weakref.finalize(w.grad, lambda: threads.append(threading.get_ident()))
         w.grad = torch.zeros(3)
-    return threads, w.detach().clone()
+    return threads, [w.detach().clone()]
 
 
 def test_gradients_replaced_in_the_graphrunner_are_freed_in_the_program_thread():
-    main = threading.get_ident()
-    eager_threads, eager_w = replaced_gradient_threads(20)
-    threads, w = terra.run(replaced_gradient_threads, 20)
-    gc.collect()
-    assert set(eager_threads) == {main}
-    assert torch.equal(w, eager_w)
-    stats = terra.stats("replaced_gradient_threads")
+    stats = assert_finalized_in_program_thread(replaced_gradient_threads, 20, finalized=19)
     assert stats["iterations_coexecuted"] >= 10 and stats["grad_reads_direct"] >= 1, stats
-    assert len(threads) >= 19 and set(threads) == {main}, collections.Counter(threads)
 
 
 def _rss_mb():
