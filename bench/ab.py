@@ -21,9 +21,11 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,9 +110,7 @@ def main():
 
 def write(out, rows, builds, args):
     """`out`.json with the rows, `out`.md with the table."""
-    import platform
-    import time
-    import torch
+    import torch  # loaded by the corpus programs already; here for its version
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rounds": args.rounds,
             "base": args.base_label or args.base}
