@@ -141,6 +141,13 @@ bool same_number(const c10::IValue& a, const c10::IValue& b) {
     return std::memcmp(&x, &y, sizeof x) == 0;
   }
   if (a.isDouble() != b.isDouble() || a.isComplexDouble() != b.isComplexDouble()) return false;
+  if (is_number_list(a) && is_number_list(b)) {  // a foreach op's step sizes: bit for bit too
+    auto la = a.toList(), lb = b.toList();
+    if (la.size() != lb.size()) return false;
+    for (size_t i = 0; i < la.size(); ++i)
+      if (!same_number(la.get(i), lb.get(i))) return false;
+    return true;
+  }
   return same_constant(a, b);
 }
 
@@ -528,7 +535,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
     Ref r;
     if (v.isTensor()) {
       if (!tensor_ref(v.toTensor(), &r)) return;
-    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList())) {
+    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() && !is_number_list(v))) {
       auto list = v.toList();
       r.kind = Ref::Kind::List;
       r.element_type = list.elementType();
@@ -833,7 +840,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
   // Python numbers of the item that no kernel re-reads must be as recorded.
   for (size_t i = 0; i < item.args.size(); ++i) {
     const c10::IValue& v = item.args[i];
-    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()))
+    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() && !is_number_list(v)))
       continue;
     const auto arg = static_cast<uint32_t>(i);
     if (std::find(m.feeds.begin(), m.feeds.end(), arg) != m.feeds.end()) continue;

@@ -31,6 +31,13 @@ bool is_number_type(const c10::TypePtr& type) {
          k == c10::TypeKind::ComplexType;
 }
 
+// A `Scalar[]` argument: its values never decide an output's shape (the foreach ops' ScalarList
+// overloads), unlike `int[]` (sizes, dims) or `float[]` (upsampling's scale factors).
+bool is_scalar_list_type(const c10::TypePtr& type) {
+  const auto* list = type->castRaw<c10::ListType>();
+  return list && list->getElementType()->kind() == c10::TypeKind::NumberType;
+}
+
 bool is_optional_tensor_list(const c10::IValue& v) {
   if (!v.isList()) return false;
   for (const c10::IValue& e : v.toList())
@@ -127,6 +134,13 @@ std::optional<ViewPlace> place_view(IndexedView view, const TensorMeta& base,
 
 }  // namespace
 
+bool is_number_list(const c10::IValue& v) {
+  if (!v.isList() || v.isTensorList()) return false;
+  for (const c10::IValue& e : v.toList())
+    if (number_kind(e) == 0) return false;
+  return true;
+}
+
 bool same_constant(const c10::IValue& a, const c10::IValue& b) {
   if (a.isNone() || b.isNone()) return a.isNone() && b.isNone();
   if (a.isInt() && b.isInt()) return a.toInt() == b.toInt();
@@ -202,6 +216,10 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
                        : v.isDouble())) {
       a.kind = Kind::Feed;
       a.feed_tag = number_kind(v);
+    } else if (schema && i < schema->arguments().size() && v.isList() &&
+               is_scalar_list_type(schema->arguments()[i].type()) && is_number_list(v)) {
+      a.kind = Kind::Numbers;
+      for (const c10::IValue& e : v.toList()) a.feed_tags.push_back(number_kind(e));
     } else if (v.isStorage()) {
       a.kind = Kind::Storage;
       a.storage_device = v.toStorage().device();
@@ -363,6 +381,13 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         ok = number_kind(v) == a.feed_tag;
         if (!ok && why) *why = "argument " + std::to_string(i) + " changed number type";
         break;
+      case Kind::Numbers: {
+        ok = v.isList() && v.toList().size() == a.feed_tags.size();
+        for (size_t k = 0; ok && k < a.feed_tags.size(); ++k)
+          ok = number_kind(v.toList().get(k)) == a.feed_tags[k];
+        if (!ok && why) *why = "number list argument " + std::to_string(i) + " changed length or number types";
+        break;
+      }
       case Kind::Storage:
         ok = v.isStorage() && v.toStorage().device() == a.storage_device &&
              v.toStorage().nbytes() == a.storage_nbytes;

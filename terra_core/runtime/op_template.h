@@ -32,6 +32,9 @@ namespace terra::runtime {
 // Two structural constants of a call are the same (what validation requires of them).
 bool same_constant(const c10::IValue& a, const c10::IValue& b);
 
+// A list of Python numbers (no tensors): what a `Scalar[]` argument holds.
+bool is_number_list(const c10::IValue& v);
+
 // How a validated call is executed during co-execution.
 enum class ExecMode : uint8_t {
   Graph,      // issued to the GraphRunner; the program gets placeholders
@@ -40,9 +43,12 @@ enum class ExecMode : uint8_t {
 };
 
 struct ArgSpec {
-  enum class Kind : uint8_t { Tensor, TensorList, Feed, Storage, Constant } kind = Kind::Constant;
+  enum class Kind : uint8_t { Tensor, TensorList, Feed, Numbers, Storage, Constant } kind = Kind::Constant;
   c10::IValue constant;            // Constant
   uint8_t feed_tag = 0;            // Feed: the Python number's kind (int/float/complex/bool)
+  // Numbers: a list of Python numbers in a `Scalar[]` argument (a foreach optimizer's per-parameter
+  // step sizes and bias corrections, new every step): feeds, validated by length and kinds.
+  std::vector<uint8_t> feed_tags;
   // Storage: an input like a tensor (a DataLoader batch rebuilt onto the shared-memory storage a
   // worker sent), validated by device and size, never by identity.
   c10::Device storage_device = c10::Device(c10::kCPU);

@@ -777,3 +777,36 @@ def test_values_of_dropped_placeholders_are_freed_within_the_session():
     assert torch.equal(total, eager_sum)
     assert terra.stats("nested_loop_memory")["iterations_coexecuted"] >= 200
     assert peak < eager_peak + 256, (peak, eager_peak)
+
+
+def foreach_optimizer(opt_class, steps, **options):
+    """A small model trained with a foreach optimizer: Adam and its kin pass per-parameter step
+    sizes and bias corrections as Python number lists (`Scalar[]`), new every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = opt_class(model.parameters(), lr=3e-3, foreach=True, **options)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    state = [p.detach() for p in model.parameters()]
+    for s in opt.state.values():
+        state += [v for v in s.values() if torch.is_tensor(v)]
+    return state
+
+
+@pytest.mark.parametrize("opt_class,options", [
+    (torch.optim.Adam, {}), (torch.optim.AdamW, {"amsgrad": True}), (torch.optim.NAdam, {}),
+    (torch.optim.RAdam, {})])
+def test_number_lists_of_foreach_optimizers_are_feeds(opt_class, options):
+    # Were they constants, every step would be a new path: the loop traced to the end, its graph
+    # growing by a node per step.
+    terra.config(adaptive=False)
+    expected = foreach_optimizer(opt_class, 30, **options)
+    got = terra.run(foreach_optimizer, opt_class, 30, **options)
+    assert len(got) == len(expected)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(expected, got))
+    s = terra.stats("foreach_optimizer")
+    assert s["iterations_coexecuted"] >= 20, s
+    assert s["iterations_replayed"] >= 15, s

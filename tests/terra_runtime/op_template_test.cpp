@@ -78,6 +78,29 @@ TEST(OpTemplate, WrappedNumbersAreFeeds) {
   EXPECT_FALSE(t.matches({at::ones({3}), at::scalar_tensor(0.25, at::kDouble)}, nullptr));
 }
 
+TEST(OpTemplate, NumberListsOfForeachOpsAreFeeds) {
+  // Adam's foreach step passes one step size per parameter (`Scalar[]`), new every step: values
+  // are fed, the list's length and number types are validated. `int[]` stays structural.
+  const auto addcdiv = op("aten::_foreach_addcdiv_", "ScalarList");
+  auto tensors = [] { return std::vector<at::Tensor>{at::ones({3}), at::ones({2})}; };
+  auto numbers = [](std::vector<c10::IValue> v) {
+    c10::impl::GenericList l(c10::NumberType::get());
+    for (auto& x : v) l.push_back(std::move(x));
+    return l;
+  };
+  const OpTemplate t =
+      traced(addcdiv, {tensors(), tensors(), tensors(), numbers({-0.1, -0.2})});
+  ASSERT_EQ(t.args.size(), 4u);
+  EXPECT_EQ(t.args[3].kind, ArgSpec::Kind::Numbers);
+  std::string why;
+  EXPECT_TRUE(t.matches({tensors(), tensors(), tensors(), numbers({-0.3, 0.5})}, &why)) << why;
+  EXPECT_FALSE(t.matches({tensors(), tensors(), tensors(), numbers({-0.3})}, &why))
+      << "one number for two tensors";
+  EXPECT_NE(why.find("number list argument 3"), std::string::npos) << why;
+  EXPECT_FALSE(t.matches({tensors(), tensors(), tensors(), numbers({int64_t{1}, -0.5})}, nullptr))
+      << "an int where a float was traced (type promotion differs)";
+}
+
 TEST(OpTemplate, InPlaceOpsReturnTheirArgument) {
   const auto add_ = op("aten::add_", "Tensor");
   const OpTemplate t = traced(add_, {at::ones({2}), at::ones({2}), 1.0});
