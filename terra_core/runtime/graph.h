@@ -52,6 +52,7 @@ struct Graph {
   struct Root {
     uint32_t node = 0;
     int stable = 0;       // consecutive traced iterations that added nothing
+    int unsteady = 0;     // consecutive traced iterations that each added nodes
     int divergences = 0;
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node

@@ -364,6 +364,7 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         }
         break;
       case Kind::TensorList: {
+        std::string detail = " has another length";
         if (!v.isList() || v.toList().size() != a.metas.size()) {
           ok = false;
         } else {
@@ -372,9 +373,14 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
             const c10::IValue& e = list.get(k);
             ok = a.present[k] ? e.isTensor() && tensor_matches(a.metas[k], a.wrapped[k], e.toTensor())
                               : e.isNone();
+            if (!ok && why) {
+              detail = ": element " + std::to_string(k) + " is " +
+                       (e.isTensor() ? TensorMeta::of(e.toTensor()).str() : std::string("not a tensor")) +
+                       ", traced as " + (a.present[k] ? a.metas[k].str() : std::string("None"));
+            }
           }
         }
-        if (!ok && why) *why = "tensor list argument " + std::to_string(i) + " differs";
+        if (!ok && why) *why = "tensor list argument " + std::to_string(i) + detail;
         break;
       }
       case Kind::Feed:

@@ -262,6 +262,8 @@ void PythonRunner::end_iteration() {
         ++graph_->iterations_traced;
       }
       root.stable = added_ ? 0 : root.stable + 1;
+      root.unsteady = first_new_ != kNoNode && !diverged_ ? root.unsteady + 1 : 0;
+      if (root.unsteady == kUnsteadyRunToExplain) explain_unsteady();
       graph_->traced_seconds += seconds;
       break;
     case Mode::CoExec:
@@ -317,6 +319,7 @@ double PythonRunner::coexec_seconds(double span_seconds) {
 void PythonRunner::begin_iteration(uint64_t boundary) {
   boundary_ = boundary;
   added_ = diverged_ = false;
+  first_new_ = kNoNode;
   iteration_start_ns_ = now_ns();
   ++iteration_serial_;
   auto it = graph_->roots.find(boundary);
@@ -457,9 +460,10 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
     for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   }
   uint32_t node = kNoNode;
+  std::string why;  // why the first node at this location did not validate
   if (auto it = graph_->index.find(lookup); it != graph_->index.end()) {
     for (uint32_t id : it->second) {
-      if (graph_->nodes[id].tmpl.matches(*stack, nullptr)) {
+      if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
         node = id;
         break;
       }
@@ -496,6 +500,10 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
     fresh.source = PythonStack::describe(root_);
     node = graph_->add_node(std::move(fresh), lookup);
     added_ = true;
+    if (first_new_ == kNoNode) {
+      first_new_ = node;
+      first_new_why_ = std::move(why);
+    }
   } else if (kind == OpKind::GradRead &&
              graph_->nodes[node].tmpl.outs.at(0).none != !(stack->at(0).isTensor() &&
                                                            stack->at(0).toTensor().defined())) {
@@ -937,6 +945,18 @@ void PythonRunner::note_fallback(const std::string& reason, const std::string& o
     known = &graph_->fallbacks.back();
   }
   ++known->count;
+}
+
+void PythonRunner::explain_unsteady() {
+  // Tracing goes on (a program with many paths may still cover them all), but the user learns
+  // why the loop is not co-executed, at the op that keeps changing.
+  const OpTemplate& t = graph_->nodes[first_new_].tmpl;
+  std::string reason = "never steady: " + std::to_string(kUnsteadyRunToExplain) +
+                       " traced iterations in a row each met an op the trace had not seen, so the "
+                       "loop is traced rather than co-executed; the last one's first: " +
+                       (first_new_why_.empty() ? std::string("a new op at this point of the program")
+                                               : first_new_why_);
+  graph_->fallbacks.push_back(Fallback{std::move(reason), t.name, t.source, 1, kNoNode});
 }
 
 void PythonRunner::opaque_begin(const std::string& reason, const std::string& what) {

@@ -123,6 +123,8 @@ class PythonRunner {
   bool eager_held_ = false;  // the pass-through entry points are out for eager iterations
   uint32_t eager_run_ = 0;   // eager iterations in a row
   static constexpr uint32_t kEagerRunBeforeHold = 8;
+  // Traced iterations in a row that each added ops before a loop is explained as never steady.
+  static constexpr int kUnsteadyRunToExplain = 8;
   using Exec = std::function<void(torch::jit::Stack*)>;
 
   // An ATen op the program issued while tracing or co-executing; `fast`: it came through the C
@@ -136,6 +138,7 @@ class PythonRunner {
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   void diverge(const std::string& reason, const std::string& op);
   void note_fallback(const std::string& reason, const std::string& op);
+  void explain_unsteady();  // a loop traced kUnsteadyRunToExplain times, each adding ops
   // A Python-lane span of the current iteration (timeline.h).
   void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});
   void end_iteration();
@@ -192,6 +195,10 @@ class PythonRunner {
   uint64_t boundary_ = 0;
   bool added_ = false;      // this iteration added nodes or edges
   bool diverged_ = false;   // this iteration fell back
+  // The first node this traced iteration added, and why the nodes already at its location did
+  // not validate: what `%terra explain` names for a loop that never becomes steady.
+  uint32_t first_new_ = UINT32_MAX;
+  std::string first_new_why_;
   int64_t iteration_start_ns_ = 0;
   uint64_t iteration_serial_ = 0;  // iterations begun, over all graphs (timeline)
   struct Occurrence {

@@ -810,3 +810,25 @@ def test_number_lists_of_foreach_optimizers_are_feeds(opt_class, options):
     s = terra.stats("foreach_optimizer")
     assert s["iterations_coexecuted"] >= 20, s
     assert s["iterations_replayed"] >= 15, s
+
+
+def growing(steps):
+    x = torch.zeros(1)
+    for _ in range(steps):
+        x = torch.cat([x, torch.ones(1)]) * 0.5  # a longer tensor every iteration: never steady
+    return x
+
+
+def test_a_loop_that_never_becomes_steady_is_explained_at_the_op_that_changes():
+    assert torch.equal(terra.run(growing, 20), growing(20))
+    s = terra.stats("growing")
+    assert s["iterations_coexecuted"] == 0 and s["iterations_traced"] >= 20, s
+    never = [e for e in terra.explain("growing") if e["reason"].startswith("never steady")]
+    assert len(never) == 1, terra.explain("growing")
+    assert never[0]["op"] == "aten::cat"
+    assert "element 0 is Float[" in never[0]["reason"], never[0]
+    line = growing.__code__.co_firstlineno + 3
+    assert never[0]["where"][1:] == (line, "growing"), never[0]
+    # A loop that becomes steady after its warm-up is not explained so.
+    terra.run(train, 30)
+    assert not any(e["reason"].startswith("never steady") for e in terra.explain("train"))
