@@ -31,6 +31,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"blocks_one_thread", c.one_thread},   {"blocks_refused", c.refused},
           {"replay_refusal", c.last_refusal},    {"items_bound", c.bound},
           {"replays_left", c.left},              {"replay_left_why", c.last_left},
+          {"grad_reads_between_replayed_items", c.extra_reads},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
           {"items_one_thread_per_op", c.one_thread_per_op}};

@@ -132,6 +132,7 @@ struct BlockStore {
   std::vector<uint64_t> seqs;
   uint64_t scanned = 0;
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
+  uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
@@ -336,6 +337,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.refused += c.refused;
     total.left += c.left;
     total.bound += c.bound;
+    total.extra_reads += c.extra_reads;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -346,14 +348,17 @@ void GraphRunner::flush_counts() {
   // Tallied per iteration in the BlockStore, not per item under the lock.
   BlockStore& b = *blocks_;
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
-  if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0) return;
+  if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
+      b.extra_reads == 0)
+    return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
   c.items += b.items;
   c.bound += b.items_bound;
   c.kernels += kernels;
   c.one_thread_per_op += b.items_one_thread;
-  b.items = b.items_bound = b.items_one_thread = 0;
+  c.extra_reads += b.extra_reads;
+  b.items = b.items_bound = b.items_one_thread = b.extra_reads = 0;
   b.kernels_counted = b.replayer.kernels();
 }
 
@@ -403,8 +408,10 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   };
   const uint32_t index = b.replayer.next();
   const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
-  if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier))
+  if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier)) {
+    if (extra_grad_read(item)) return true;
     return leave("item");
+  }
   if (index == b.seqs.size()) b.seqs.push_back(seq);
   const ItemPlan& p = b.replayer.block()->items[index];
   // Binding (the program waited before the block's backward was issued): the forward's items run
@@ -426,8 +433,10 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
-          !b.replayer.follows(j, w, earlier))
+          !b.replayer.follows(j, w, earlier)) {
+        if (w.kind == OpKind::GradRead && w.iteration == item.iteration) continue;  // extra_grad_read
         return leave("ahead");
+      }
       b.seqs.push_back(s);
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
@@ -440,6 +449,17 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     b.bound = false;
   }
   ++b.items;
+  return true;
+}
+
+bool GraphRunner::extra_grad_read(WorkItem& item) {
+  // Whether the program thread issues a `.grad` read or answers it itself (a settled gradient,
+  // PythonRunner::choose_grad_read) depends on what it has seen of the GraphRunner, so the
+  // iteration a block was recorded from may lack a read this one has. A read changes nothing: it
+  // runs here, in issue order (everything before it has run), and the block goes on.
+  if (item.kind != OpKind::GradRead) return false;
+  run_grad_read(item);
+  ++blocks_->extra_reads;
   return true;
 }
 

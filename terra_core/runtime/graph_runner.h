@@ -174,6 +174,8 @@ class GraphRunner {
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
     uint64_t bound = 0;       // items run through autograd with their kernels bound to a block
+    // `.grad` reads a replayed block had not recorded, run between its items (extra_grad_read)
+    uint64_t extra_reads = 0;
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
     // did not follow), "blocked" (the program waited before the block's backward was issued).
@@ -195,6 +197,7 @@ class GraphRunner {
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
   bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
+  bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
   void flush_counts();                        // the iteration's tallies into counts_
   void use_threads(int n);                    // intra-op threads for the next kernels
   void end_iteration();

@@ -2,10 +2,16 @@
 kernels recorded from an earlier one, below autograd. Each test compares against eager PyTorch in
 the same process, bitwise, and checks from the graph's counters that replay did (or did not) run.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import terra
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
+import corpus  # noqa: E402  (tests/programs/corpus.py)
 
 
 @pytest.fixture(autouse=True)
@@ -225,3 +231,20 @@ def test_items_run_op_by_op_use_one_thread_where_their_recording_found_the_same_
     s = terra.stats("train")
     assert s["iterations_coexecuted"] >= 20, s
     assert s["items_one_thread_per_op"] >= 5 * 20, s
+
+
+def test_a_grad_read_the_recorded_iteration_answered_itself_does_not_end_the_replay():
+    # Corpus p03 (zero_grad, clip_grad_norm_, a scheduler between epochs): whether the program
+    # thread issues `optimizer.zero_grad()`'s `.grad` reads or answers them itself (settled
+    # gradients) depends on what it has seen of the GraphRunner, so the iteration a block was
+    # recorded from may lack reads a later one issues. They run between the block's items; before,
+    # each such iteration left the block and ran op by op through autograd.
+    terra.config(adaptive=False)
+    expected_out, expected = corpus.run_eager("p03_nesterov_steplr_clip")
+    out, state = corpus.capture(lambda: terra.run(corpus.load("p03_nesterov_steplr_clip").main))
+    corpus.assert_same_state(expected, state)
+    assert out == expected_out
+    s = terra.stats("main")
+    assert s["grad_reads_between_replayed_items"] > 0, s
+    assert s["replays_left"] == 0, s
+    assert s["iterations_replayed"] >= 25, s
