@@ -48,7 +48,10 @@ def child(name, mode, loop):
     else:
         first = bc.run_terra(main)
         runs = [bc.run_terra(main) for _ in range(2)]
-        out = {"wall": med(r[0] for r in runs), "step": med(r[1][0] for r in runs if r[1]),
+        # A run whose steady loop had no two consecutive iterations (nested loops interleave
+        # them) has no step time; the program's step ratio is then left out, not a crash.
+        steps = [r[1][0] for r in runs if r[1]]
+        out = {"wall": med(r[0] for r in runs), "step": med(steps) if steps else None,
                "loop": first[6], "coexec": med(r[4] for r in runs)}
     print(json.dumps(out))
 
@@ -93,19 +96,29 @@ def main():
         row = {"program": name, "eager_step_ms": e_step * 1e3}
         line = f"{name:34s} eager {e_step * 1e3:7.3f} ms"
         for b in builds:
-            row[b] = {"step_ratio": med(r["step"] for r in runs[b]) / e_step,
+            steps = [r["step"] for r in runs[b] if r["step"] is not None]
+            row[b] = {"step_ratio": med(steps) / e_step if steps else None,
                       "wall_ratio": med(r["wall"] for r in runs[b]) / e_wall,
                       "coexec_share": med(r["coexec"] for r in runs[b])}
-            line += (f" | {b} step {row[b]['step_ratio']:.2f} whole {row[b]['wall_ratio']:.2f}"
+            line += (f" | {b} step {fmt(row[b]['step_ratio'])} whole {row[b]['wall_ratio']:.2f}"
                      f" co {row[b]['coexec_share'] * 100:.0f}%")
         rows.append(row)
         print(line, flush=True)
     geo = statistics.geometric_mean
     for b in builds:
-        print(f"{b}: geometric mean step ratio {geo(r[b]['step_ratio'] for r in rows):.3f}, "
+        print(f"{b}: geometric mean step ratio {geo_of(rows, b, 'step_ratio'):.3f}, "
               f"whole-program {geo(r[b]['wall_ratio'] for r in rows):.3f}")
     if args.out:
         write(Path(args.out), rows, builds, args)
+
+
+def fmt(ratio):
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
+def geo_of(rows, build, key):
+    """Geometric mean of a ratio over the programs that have it."""
+    return statistics.geometric_mean(r[build][key] for r in rows if r[build][key] is not None)
 
 
 def write(out, rows, builds, args):
@@ -125,10 +138,10 @@ def write(out, rows, builds, args):
              "|---|---:|" + "---:|---:|---:|" * len(builds)]
     for r in rows:
         lines.append(f"| {r['program']} | {r['eager_step_ms']:.3f} | " + " | ".join(
-            f"{r[b]['step_ratio']:.2f} | {r[b]['wall_ratio']:.2f} | {r[b]['coexec_share'] * 100:.0f}%"
+            f"{fmt(r[b]['step_ratio'])} | {r[b]['wall_ratio']:.2f} | {r[b]['coexec_share'] * 100:.0f}%"
             for b in builds) + " |")
     lines += ["", "Geometric means: " + "; ".join(
-        f"{b} step {geo(r[b]['step_ratio'] for r in rows):.3f}, whole "
+        f"{b} step {geo_of(rows, b, 'step_ratio'):.3f}, whole "
         f"{geo(r[b]['wall_ratio'] for r in rows):.3f}" for b in builds) + "."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
