@@ -1063,7 +1063,14 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     return;
   }
   const RecordedKernel& k = block_->kernels[bind_cursor_++];
-  op.redispatchBoxed(keys, stack);
+  {
+    // With one thread where its recording found the same bits so, as when replayed: a bound
+    // forward with the program's count ran parallel regions whose spinning OpenMP worker took
+    // the core the program's Python runs on.
+    OneThread threads(k.one_thread);
+    bound_one_thread_ += k.one_thread && at::get_num_threads() == 1;
+    op.redispatchBoxed(keys, stack);
+  }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
   for (uint32_t id : k.release) table_[id] = c10::IValue();
 }

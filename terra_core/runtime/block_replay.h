@@ -229,6 +229,8 @@ class BlockReplayer {
   uint32_t next() const { return next_; }
   const Block* block() const { return block_; }
   uint64_t kernels() const { return kernels_; }
+  // Kernels of bound items (bind) run with one thread where their recording found the same bits.
+  uint64_t bound_one_thread() const { return bound_one_thread_; }
 
  private:
   c10::IValue value(const Ref& r) const;
@@ -244,6 +246,7 @@ class BlockReplayer {
   // The grad_fns of outputs (see the header), one per name in Block::grad_fn_names.
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> freed_;
   uint64_t kernels_ = 0;
+  uint64_t bound_one_thread_ = 0;
 };
 
 }  // namespace terra::runtime

@@ -133,6 +133,7 @@ struct BlockStore {
   uint64_t scanned = 0;
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
+  uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
@@ -338,6 +339,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.left += c.left;
     total.bound += c.bound;
     total.extra_reads += c.extra_reads;
+    total.bound_one_thread += c.bound_one_thread;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -348,8 +350,9 @@ void GraphRunner::flush_counts() {
   // Tallied per iteration in the BlockStore, not per item under the lock.
   BlockStore& b = *blocks_;
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
+  const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0)
+      b.extra_reads == 0 && bound_one_thread == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -360,6 +363,8 @@ void GraphRunner::flush_counts() {
   c.extra_reads += b.extra_reads;
   b.items = b.items_bound = b.items_one_thread = b.extra_reads = 0;
   b.kernels_counted = b.replayer.kernels();
+  c.bound_one_thread += bound_one_thread;
+  b.bound_one_thread_counted = b.replayer.bound_one_thread();
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
