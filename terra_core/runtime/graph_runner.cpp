@@ -108,8 +108,11 @@ struct BlockStore {
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;
   static constexpr size_t kMaxEntries = 4096;
-  // By the iteration's first item: graph, node, kind.
-  std::map<std::tuple<uint64_t, uint32_t, int>, Entry> entries;
+  // By the iteration's first item (graph, node, kind) and its second item's node: the branches of
+  // a loop that alternates them (a GAN's generator and discriminator steps) mostly begin with the
+  // same op (a noise draw), and one block per first item was left at the second item by every
+  // iteration of the other branch (corpus p10: 27 of 85 co-executed iterations).
+  std::map<std::tuple<uint64_t, uint32_t, int, uint32_t>, Entry> entries;
   // What the recorded blocks found about each item's kernels (by graph, node, kind): all give the
   // program's bits with one thread (RecordedKernel::one_thread; ATen items only), or not. Run op
   // by op (not replayed), an item of the first kind runs with one thread; any other runs with the
@@ -376,7 +379,8 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   b.graph = item.graph;
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
   if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
-  BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind)}];
+  BlockStore::Entry& e =
+      b.entries[{item.graph, item.node, static_cast<int>(item.kind), second_node(item, seq)}];
   b.entry = &e;
   if (e.block) {
     b.replayer.start(*e.block);
@@ -385,6 +389,17 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
     b.recorder = std::make_unique<BlockRecorder>(item.graph);
     b.state = BlockStore::State::Recording;
   }
+}
+
+uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
+  // Usually issued already (the program thread runs ahead); otherwise waited for, unless the
+  // program waits for this thread (then the block is found by the first item alone).
+  constexpr uint32_t kNone = UINT32_MAX;
+  if (!await_published(seq + 1)) return kNone;
+  const WorkItem& w = ring_[seq % ring_.size()];
+  const bool graph_item = w.kind == OpKind::Aten || w.kind == OpKind::Backward ||
+                          w.kind == OpKind::GradRead || w.kind == OpKind::GradWrite;
+  return graph_item && w.iteration == first.iteration ? w.node : kNone;
 }
 
 bool GraphRunner::replay(WorkItem& item, uint64_t seq) {

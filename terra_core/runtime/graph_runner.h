@@ -199,6 +199,7 @@ class GraphRunner {
   bool replay(WorkItem& item, uint64_t seq);
   bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
+  uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
   void flush_counts();                        // the iteration's tallies into counts_
   void use_threads(int n);                    // intra-op threads for the next kernels
   void end_iteration();

@@ -257,3 +257,37 @@ def test_a_grad_read_the_recorded_iteration_answered_itself_does_not_end_the_rep
     assert s["grad_reads_between_replayed_items"] > 0, s
     assert s["replays_left"] == 0, s
     assert s["iterations_replayed"] >= 25, s
+
+
+def alternating(steps):
+    """Two models trained on alternate steps; both branches begin with the same op (a noise
+    draw), as a GAN's generator and discriminator steps do."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+            for _ in range(2)]
+    opts = [torch.optim.Adam(n.parameters(), lr=1e-2) for n in nets]
+    y = torch.randn(8, 1)
+    for step in range(steps):
+        z = torch.randn(8, 4)
+        if step % 2 == 0:
+            loss = torch.nn.functional.mse_loss(nets[0](z), y)
+            opts[0].zero_grad()
+            loss.backward()
+            opts[0].step()
+        else:
+            loss = torch.nn.functional.l1_loss(nets[1](z * 2.0), y)
+            opts[1].zero_grad()
+            loss.backward()
+            opts[1].step()
+    return [p.detach() for n in nets for p in n.parameters()]
+
+
+def test_branches_that_begin_with_the_same_op_each_replay_their_own_block():
+    terra.config(adaptive=False)
+    eager = alternating(40)
+    coexec = terra.run(alternating, 40)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats("alternating")
+    assert s["blocks_recorded"] >= 2, s
+    assert s["replays_left"] == 0, s
+    assert s["iterations_replayed"] >= 25, s
