@@ -118,6 +118,7 @@ struct BlockStore {
   // first item while the program ran Python (corpus p01 and p21: 0.46 -> 0.55 and 0.58 -> 0.79
   // of eager's step time).
   using FirstItem = std::tuple<uint64_t, uint32_t, int>;
+  static constexpr uint32_t kNoSecond = UINT32_MAX;  // not a fork, or its second item unknown
   std::map<std::tuple<uint64_t, uint32_t, int, uint32_t>, Entry> entries;
   std::set<FirstItem> forks;
   FirstItem first{};  // the current iteration's
@@ -388,7 +389,8 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
   if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
   b.first = {item.graph, item.node, static_cast<int>(item.kind)};
-  const uint32_t second = b.forks.count(b.first) ? second_node(item, seq) : UINT32_MAX;
+  const uint32_t second =
+      b.forks.count(b.first) ? second_node(item, seq) : BlockStore::kNoSecond;
   BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind), second}];
   b.entry = &e;
   if (e.block) {
@@ -403,12 +405,11 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
 uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
   // Usually issued already (the program thread runs ahead); otherwise waited for, unless the
   // program waits for this thread (then the block is found by the first item alone).
-  constexpr uint32_t kNone = UINT32_MAX;
-  if (!await_published(seq + 1)) return kNone;
+  if (!await_published(seq + 1)) return BlockStore::kNoSecond;
   const WorkItem& w = ring_[seq % ring_.size()];
   const bool graph_item = w.kind == OpKind::Aten || w.kind == OpKind::Backward ||
                           w.kind == OpKind::GradRead || w.kind == OpKind::GradWrite;
-  return graph_item && w.iteration == first.iteration ? w.node : kNone;
+  return graph_item && w.iteration == first.iteration ? w.node : BlockStore::kNoSecond;
 }
 
 bool GraphRunner::replay(WorkItem& item, uint64_t seq) {

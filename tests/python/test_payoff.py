@@ -177,7 +177,10 @@ def test_coexecuted_iterations_are_timed_until_the_graph_runner_has_run_them():
     assert torch.equal(got, matmul_chain(w, x, 40))
     payoff = terra.stats("matmul_chain")["payoff"]
     assert payoff["checks"] >= 1, payoff
-    assert payoff["coexec_ms"] >= 0.5 * payoff["eager_ms"], payoff
+    # The bug made co-execution look about 1000x faster. Not 0.5x: both are single samples on a
+    # shared 2-core host; a correct build measured 0.44 against 0.93 ms, and at 0.5 the test failed
+    # 1 run in 3 to 6 with this build and with session 10's.
+    assert payoff["coexec_ms"] >= 0.1 * payoff["eager_ms"], payoff
 
 
 @pytest.mark.parametrize("replay", [False, True])
