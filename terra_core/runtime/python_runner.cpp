@@ -956,6 +956,17 @@ void PythonRunner::explain_unsteady() {
                        "loop is traced rather than co-executed; the last one's first: " +
                        (first_new_why_.empty() ? std::string("a new op at this point of the program")
                                                : first_new_why_);
+  for (Fallback& f : graph_->fallbacks) {
+    // A loop that becomes steady and then not again (entered anew, going further): one entry,
+    // counted, with the latest reason.
+    const bool same_line = !f.source.empty() && !t.source.empty() &&
+                           f.source[0].file == t.source[0].file && f.source[0].line == t.source[0].line;
+    if (f.op == t.name && same_line && f.reason.rfind("never steady", 0) == 0) {
+      f.reason = std::move(reason);
+      ++f.count;
+      return;
+    }
+  }
   graph_->fallbacks.push_back(Fallback{std::move(reason), t.name, t.source, 1, kNoNode});
 }
 

@@ -829,6 +829,10 @@ def test_a_loop_that_never_becomes_steady_is_explained_at_the_op_that_changes():
     assert "element 0 is Float[" in never[0]["reason"], never[0]
     line = growing.__code__.co_firstlineno + 3
     assert never[0]["where"][1:] == (line, "growing"), never[0]
+    # Entered again and growing further: the same entry, counted twice.
+    terra.run(growing, 40)
+    never = [e for e in terra.explain("growing") if e["reason"].startswith("never steady")]
+    assert len(never) == 1 and never[0]["count"] == 2, never
     # A loop that becomes steady after its warm-up is not explained so.
     terra.run(train, 30)
     assert not any(e["reason"].startswith("never steady") for e in terra.explain("train"))
