@@ -75,6 +75,7 @@ class OneThread {
   explicit OneThread(bool on) : restore_(on && at::get_num_threads() > 1 ? at::get_num_threads() : 0) {
     if (restore_) at::set_num_threads(1);
   }
+  bool active() const { return restore_ != 0; }  // it took the thread count down to one
   ~OneThread() {
     if (restore_) at::set_num_threads(restore_);
   }
@@ -131,6 +132,13 @@ const c10::DispatchKeySet kUnreplayableKeys({c10::DispatchKey::Conjugate, c10::D
 
 // Two Python numbers (or constants) of a call are the same argument: floats bitwise (-0.0 is not
 // 0.0, a kernel may tell them apart), everything else as validation compares constants.
+// A list argument whose elements the block names one by one (tensors, or None among them): not
+// the lists of numbers and constants a kernel takes by value.
+bool holds_tensors(const c10::IValue& v) {
+  return v.isTensorList() ||
+         (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() && !is_number_list(v));
+}
+
 bool same_number(const c10::IValue& a, const c10::IValue& b) {
   if (a.isDouble() && b.isDouble()) {
     const double x = a.toDouble(), y = b.toDouble();
@@ -535,7 +543,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
     Ref r;
     if (v.isTensor()) {
       if (!tensor_ref(v.toTensor(), &r)) return;
-    } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() && !is_number_list(v))) {
+    } else if (holds_tensors(v)) {
       auto list = v.toList();
       r.kind = Ref::Kind::List;
       r.element_type = list.elementType();
@@ -840,7 +848,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
   // Python numbers of the item that no kernel re-reads must be as recorded.
   for (size_t i = 0; i < item.args.size(); ++i) {
     const c10::IValue& v = item.args[i];
-    if (v.isTensor() || v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList() && !is_number_list(v)))
+    if (v.isTensor() || holds_tensors(v))
       continue;
     const auto arg = static_cast<uint32_t>(i);
     if (std::find(m.feeds.begin(), m.feeds.end(), arg) != m.feeds.end()) continue;
@@ -1068,7 +1076,7 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     // forward with the program's count ran parallel regions whose spinning OpenMP worker took
     // the core the program's Python runs on.
     OneThread threads(k.one_thread);
-    bound_one_thread_ += k.one_thread && at::get_num_threads() == 1;
+    bound_one_thread_ += threads.active();
     op.redispatchBoxed(keys, stack);
   }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];

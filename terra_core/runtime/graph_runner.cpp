@@ -122,6 +122,9 @@ struct BlockStore {
   std::map<std::tuple<uint64_t, uint32_t, int, uint32_t>, Entry> entries;
   std::set<FirstItem> forks;
   FirstItem first{};  // the current iteration's
+  void note_fork() {  // the current iteration left its block at its second item
+    if (forks.size() < kMaxEntries) forks.insert(first);
+  }
   // What the recorded blocks found about each item's kernels (by graph, node, kind): all give the
   // program's bits with one thread (RecordedKernel::one_thread; ATen items only), or not. Run op
   // by op (not replayed), an item of the first kind runs with one thread; any other runs with the
@@ -440,7 +443,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
   if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier)) {
     if (extra_grad_read(item)) return true;
-    if (index == 1 && b.forks.size() < BlockStore::kMaxEntries) b.forks.insert(b.first);
+    if (index == 1) b.note_fork();
     return leave("item");
   }
   if (index == b.seqs.size()) b.seqs.push_back(seq);
@@ -466,7 +469,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
           !b.replayer.follows(j, w, earlier)) {
         if (w.kind == OpKind::GradRead && w.iteration == item.iteration) continue;  // extra_grad_read
-        if (j == 1 && b.forks.size() < BlockStore::kMaxEntries) b.forks.insert(b.first);
+        if (j == 1) b.note_fork();
         return leave("ahead");
       }
       b.seqs.push_back(s);

@@ -364,7 +364,9 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         }
         break;
       case Kind::TensorList: {
-        std::string detail = " has another length";
+        // The failing element is described only when a reason is asked for: this runs for every
+        // co-executed op with a tensor list (foreach ops, cat, stack).
+        int64_t bad = -1;  // the element that differs; -1: the list's length differs
         if (!v.isList() || v.toList().size() != a.metas.size()) {
           ok = false;
         } else {
@@ -373,14 +375,21 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
             const c10::IValue& e = list.get(k);
             ok = a.present[k] ? e.isTensor() && tensor_matches(a.metas[k], a.wrapped[k], e.toTensor())
                               : e.isNone();
-            if (!ok && why) {
-              detail = ": element " + std::to_string(k) + " is " +
-                       (e.isTensor() ? TensorMeta::of(e.toTensor()).str() : std::string("not a tensor")) +
-                       ", traced as " + (a.present[k] ? a.metas[k].str() : std::string("None"));
-            }
+            if (!ok) bad = static_cast<int64_t>(k);
           }
         }
-        if (!ok && why) *why = "tensor list argument " + std::to_string(i) + detail;
+        if (!ok && why) {
+          *why = "tensor list argument " + std::to_string(i);
+          if (bad < 0) {
+            *why += " has another length";
+          } else {
+            const auto k = static_cast<size_t>(bad);
+            const c10::IValue e = v.toList().get(k);
+            *why += ": element " + std::to_string(k) + " is " +
+                    (e.isTensor() ? TensorMeta::of(e.toTensor()).str() : std::string("not a tensor")) +
+                    ", traced as " + (a.present[k] ? a.metas[k].str() : std::string("None"));
+          }
+        }
         break;
       }
       case Kind::Feed:
@@ -389,8 +398,10 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         break;
       case Kind::Numbers: {
         ok = v.isList() && v.toList().size() == a.feed_tags.size();
-        for (size_t k = 0; ok && k < a.feed_tags.size(); ++k)
-          ok = number_kind(v.toList().get(k)) == a.feed_tags[k];
+        if (ok) {
+          auto list = v.toList();
+          for (size_t k = 0; ok && k < a.feed_tags.size(); ++k) ok = number_kind(list.get(k)) == a.feed_tags[k];
+        }
         if (!ok && why) *why = "number list argument " + std::to_string(i) + " changed length or number types";
         break;
       }

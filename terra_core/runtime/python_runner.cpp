@@ -460,15 +460,9 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const st
     for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   }
   uint32_t node = kNoNode;
-  std::string why;  // why the first node at this location did not validate
-  if (auto it = graph_->index.find(lookup); it != graph_->index.end()) {
-    for (uint32_t id : it->second) {
-      if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
-        node = id;
-        break;
-      }
-    }
-  }
+  std::string why;  // why the nodes at this location did not validate (explain_unsteady)
+  if (auto it = graph_->index.find(lookup); it != graph_->index.end())
+    node = match_node(it->second, *stack, first_new_ == kNoNode ? &why : nullptr);
   if (runner_) advance_sequence(runner_->sequence());
   OpTemplate fresh;
   std::vector<const c10::TensorImpl*> inputs;
@@ -565,12 +559,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
       }
       if (node == kNoNode) why = "whether .grad is defined here is not known";
     } else {
-      for (uint32_t id : it->second) {
-        if (graph_->nodes[id].tmpl.matches(*stack, why.empty() ? &why : nullptr)) {
-          node = id;
-          break;
-        }
-      }
+      node = match_node(it->second, *stack, &why);
     }
   }
   if (node == kNoNode) {
@@ -638,6 +627,16 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const s
       break;
   }
   return true;
+}
+
+uint32_t PythonRunner::match_node(const std::vector<uint32_t>& candidates,
+                                  const torch::jit::Stack& stack, std::string* why) const {
+  for (uint32_t id : candidates)
+    if (graph_->nodes[id].tmpl.matches(stack, nullptr)) return id;
+  // Worked out only on failure: asking every candidate for a reason built strings on every op
+  // whose location holds several nodes (ragged shapes), most of them matching a later one.
+  if (why && !candidates.empty()) graph_->nodes[candidates[0]].tmpl.matches(stack, why);
+  return kNoNode;
 }
 
 void PythonRunner::snapshot_grads() {
@@ -932,14 +931,20 @@ void PythonRunner::wait_for(uint64_t seq) {
   if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns());
 }
 
+namespace {
+
+// Two explanations at the same line of the program (their innermost frames).
+bool same_line(const std::vector<SourceFrame>& a, const std::vector<SourceFrame>& b) {
+  return !a.empty() && !b.empty() && a[0].file == b[0].file && a[0].line == b[0].line;
+}
+
+}  // namespace
+
 void PythonRunner::note_fallback(const std::string& reason, const std::string& op) {
   auto source = PythonStack::describe(root_);
   Fallback* known = nullptr;
-  for (Fallback& f : graph_->fallbacks) {
-    bool same_line = !f.source.empty() && !source.empty() && f.source[0].file == source[0].file &&
-                     f.source[0].line == source[0].line;
-    if (f.op == op && f.reason == reason && same_line) known = &f;
-  }
+  for (Fallback& f : graph_->fallbacks)
+    if (f.op == op && f.reason == reason && same_line(f.source, source)) known = &f;
   if (!known) {
     graph_->fallbacks.push_back(Fallback{reason, op, std::move(source), 0, cur_});
     known = &graph_->fallbacks.back();
@@ -959,9 +964,7 @@ void PythonRunner::explain_unsteady() {
   for (Fallback& f : graph_->fallbacks) {
     // A loop that becomes steady and then not again (entered anew, going further): one entry,
     // counted, with the latest reason.
-    const bool same_line = !f.source.empty() && !t.source.empty() &&
-                           f.source[0].file == t.source[0].file && f.source[0].line == t.source[0].line;
-    if (f.op == t.name && same_line && f.reason.rfind("never steady", 0) == 0) {
+    if (f.op == t.name && same_line(f.source, t.source) && f.reason.rfind("never steady", 0) == 0) {
       f.reason = std::move(reason);
       ++f.count;
       return;

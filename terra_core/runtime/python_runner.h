@@ -180,6 +180,10 @@ class PythonRunner {
   // co-executing (zero_grad's default set_to_none) is read through an item: answering those
   // directly once a fetch had drained the GraphRunner made such programs slower (corpus p10, p12,
   // p24: whole-program 1.0-1.7x eager's time became 2.3-2.8x; not understood).
+  // The node among a location's candidates whose template the call matches, or kNoNode; then
+  // `why`, if given, says why the first candidate did not.
+  uint32_t match_node(const std::vector<uint32_t>& candidates, const torch::jit::Stack& stack,
+                      std::string* why) const;
   uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t,
                             bool* settled);
   void note_grads(uint32_t node, const torch::jit::Stack& args, const torch::jit::Stack& returns,
