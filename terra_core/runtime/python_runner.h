@@ -130,9 +130,10 @@ class PythonRunner {
   // An ATen op the program issued while tracing or co-executing; `fast`: it came through the C
   // fast path, not the dispatcher.
   void run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast);
-  void trace_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+  // `name`: a pseudo-op's; an ATen op's comes from `op` (op_name), only where it is needed.
+  void trace_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
-  bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const std::string& name,
+  bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                  uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
   void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
