@@ -54,6 +54,7 @@ struct Graph {
     int stable = 0;       // consecutive traced iterations that added nothing
     int unsteady = 0;     // consecutive traced iterations that each added nodes
     int divergences = 0;
+    bool coexecuted = false;  // entered co-execution at least once
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,

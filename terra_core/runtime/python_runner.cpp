@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include <pthread.h>
 
@@ -181,6 +182,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   graph_name_ = Timeline::instance().intern(graph->name);
   last_team_move_ns_ = 0;  // the session's first move into co-execution is never held back
   root_ = root;
+  owner_ = std::this_thread::get_id();
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;
@@ -226,7 +228,9 @@ void PythonRunner::barrier(const std::string& reason, const std::string& what) {
 }
 
 void PythonRunner::mark(uint64_t boundary) {
-  if (mode_ == Mode::Off) return;
+  // A loop of the program's own functions run by another thread (a logger, a prefetcher) marks
+  // nothing: iterations are the session thread's, and that thread's ops are the ones traced.
+  if (mode_ == Mode::Off || std::this_thread::get_id() != owner_) return;
   // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
   // boundary again costs a comparison. An eager iteration's ops are not followed (`cur_` stays at
   // the root), so eager iterations are cut at every mark: counted, and timed (payoff.h).
@@ -367,7 +371,12 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   // (at most once per kTeamMoveNs); the GraphRunner's goes when the program runs ops itself again
   // (take_team_back).
   if (want == Mode::CoExec && mode_ != Mode::CoExec) {
-    if (was_chosen_eager || team_may_move()) release_openmp_team();
+    // A loop's first entry moves the team whatever the rate limit (once per loop, so it cannot
+    // thrash): held back, the loop's first co-executed iterations ran with two teams (corpus p03:
+    // a 3-iteration setup loop co-executed once, then the training loop's first co-executed
+    // iteration took 3.3 ms against 0.35 ms later).
+    if (was_chosen_eager || !it->second.coexecuted || team_may_move()) release_openmp_team();
+    it->second.coexecuted = true;
     if (was_chosen_eager) grad_defined_.clear();  // the eager iterations changed the gradients
     runner().set_active(true);
     runner_team_ = true;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <thread>
 #include <vector>
 
 #include "graph.h"
@@ -194,6 +195,7 @@ class PythonRunner {
   Graph* graph_ = nullptr;
   uint32_t graph_name_ = 0;  // Timeline::intern(graph_->name)
   PythonStack::Root root_;
+  std::thread::id owner_;  // the thread the session runs on (enter)
   Policy policy_;
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from

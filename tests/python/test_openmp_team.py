@@ -64,3 +64,51 @@ def test_at_most_one_openmp_team_in_any_mode(tmp_path):
     assert r["eager_again"] == n0 + 1, r
     # ... and an eager op gets the program thread's team back, the only one.
     assert r["after_eager_op"] == n0 + 1 + team, r
+
+
+SETUP_THEN_TRAIN = textwrap.dedent("""
+    import json, os, torch, terra
+    torch.set_num_threads(2)
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    big = torch.randn(128, 128)
+    n0 = threads()
+    big @ big
+    team = threads() - n0
+
+    w = torch.randn(128, 128, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-4)
+    during = []
+
+    def main():
+        acc = torch.zeros(128, 128)
+        for _ in range(3):         # a setup loop: its third iteration is co-executed
+            acc = acc + big @ big
+        for _ in range(12):        # the training loop enters co-execution a few ms later
+            opt.zero_grad()
+            loss = (big @ w + acc).relu().mean()
+            loss.backward()
+            opt.step()
+            during.append(threads())
+
+    terra.run(main)
+    print(json.dumps({"n0": n0, "team": team, "during": during, "stats": terra.stats("main")}))
+""")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
+def test_a_loops_first_coexecuted_iterations_have_one_team(tmp_path):
+    # The team moves at most once per 20 ms (kTeamMoveNs), but a loop's first entry into
+    # co-execution moves it anyway: held back after the setup loop's move, the training loop
+    # traced and co-executed with both teams (6 threads against 5 here), every parallel region a
+    # futex hand-off.
+    script = tmp_path / "setup_then_train.py"
+    script.write_text(SETUP_THEN_TRAIN)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    import json
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["stats"]["iterations_coexecuted"] >= 6, r["stats"]
+    assert r["team"] >= 1, r
+    assert max(r["during"]) == r["n0"] + 1 + r["team"], r

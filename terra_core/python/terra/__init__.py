@@ -188,18 +188,72 @@ def _instrument(fn):
     return new
 
 
+def _program_functions(fn):
+    """The functions and methods defined in `fn`'s own source file and reachable from its module's
+    globals (module-level functions, classes' methods, static and class methods, property
+    accessors, and what decorators there wrap): the program's own code, as a notebook's cells are
+    (the kernel marks the loops of functions a cell defines)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    found, seen = [], {id(fn)}
+
+    def add(f):
+        while isinstance(f, types.FunctionType) and id(f) not in seen:
+            seen.add(id(f))
+            if f.__code__.co_filename == code.co_filename:
+                found.append(f)
+            f = getattr(f, "__wrapped__", None)
+
+    for value in list(fn.__globals__.values()):
+        if isinstance(value, type) and value.__module__ == fn.__module__:
+            for attr in list(vars(value).values()):
+                if isinstance(attr, (staticmethod, classmethod)):
+                    attr = attr.__func__
+                if isinstance(attr, property):
+                    for accessor in (attr.fget, attr.fset, attr.fdel):
+                        add(accessor)
+                else:
+                    add(attr)
+        else:
+            add(value)
+    return found
+
+
+@contextlib.contextmanager
+def _marking(functions):
+    """Gives each function the instrumented code (its loops mark iterations) for the duration;
+    afterwards each gets its own code back. A function whose instrumented code would need other
+    free variables is left as it is."""
+    swapped = []
+    try:
+        for f in functions:
+            marked = _instrument(f)
+            if marked is not None and marked.__code__.co_freevars == f.__code__.co_freevars:
+                swapped.append((f, f.__code__))
+                f.__code__ = marked.__code__
+        yield
+    finally:
+        for f, original in reversed(swapped):
+            f.__code__ = original
+
+
 def run(fn, *args, **kwargs):
     """Runs `fn(*args, **kwargs)` with co-execution and returns its result.
 
-    Every loop in `fn`'s own body marks iterations; functions it calls are traced as part of the
-    iteration that calls them. Results, printed output and side effects are those of eager PyTorch.
+    Every loop in `fn`'s own body marks iterations, and so does every loop of the functions and
+    methods defined in `fn`'s source file (a `Trainer.fit` next to `main`), for the duration of the
+    run, as a notebook cell's functions do in the Terra kernel; other functions it calls are traced
+    as part of the iteration that calls them. Marks from other threads are ignored. Results,
+    printed output and side effects are those of eager PyTorch.
     """
     target = _instrument(fn) or fn
-    _enter(getattr(fn, "__qualname__", repr(fn)), depth=1)  # root: this frame
-    try:
-        return target(*args, **kwargs)
-    finally:
-        _exit()
+    with _marking(_program_functions(fn)):
+        _enter(getattr(fn, "__qualname__", repr(fn)), depth=1)  # root: this frame
+        try:
+            return target(*args, **kwargs)
+        finally:
+            _exit()
 
 
 def sync():
