@@ -101,16 +101,20 @@ void Graph::record_path(std::vector<uint32_t>& path) {
     terra::Trace trace;
     trace.ops.reserve(path.size());
     for (uint32_t id : path) {
-      const OpTemplate& t = nodes[id].tmpl;
+      Node& n = nodes[id];
+      const OpTemplate& t = n.tmpl;
       terra::OpRecord op;
       op.key = path_key(*this, id);
       for (const OutSpec& o : t.outs)
         if (!o.none) op.outputs.push_back(core_meta(o.meta));
-      auto source = std::make_shared<terra::SourceInfo>();
-      source->op_name = t.name;
-      for (auto f = t.source.rbegin(); f != t.source.rend(); ++f)
-        source->frames.push_back({f->file, f->line, f->function});
-      op.source = std::move(source);
+      if (!n.source_info) {
+        auto source = std::make_shared<terra::SourceInfo>();
+        source->op_name = t.name;
+        for (auto f = t.source.rbegin(); f != t.source.rend(); ++f)
+          source->frames.push_back({f->file, f->line, f->function});
+        n.source_info = std::move(source);
+      }
+      op.source = n.source_info;
       op.is_fetch = t.mode == ExecMode::Fetch;
       trace.ops.push_back(std::move(op));
     }

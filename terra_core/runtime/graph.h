@@ -38,6 +38,9 @@ struct Node {
   // (python/fast_path.cpp): where the fast path would help next (`%terra explain`).
   uint64_t dispatched = 0;
   std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
+  // What the core's TraceGraph shows of this node (Graph::record_path), made once: each new path
+  // made it again for every op it holds, with a copy of every frame's strings.
+  std::shared_ptr<const terra::SourceInfo> source_info;
 };
 
 struct Graph {
