@@ -42,9 +42,12 @@ def child(name, mode, loop):
     med = statistics.median
     if mode == "eager":
         target = terra._instrument(main) or main
-        bc.run_eager(target, loop)
-        runs = [bc.run_eager(target, loop) for _ in range(2)]
-        out = {"wall": med(r[0] for r in runs), "step": med(r[1][0] for r in runs if r[1])}
+        # The loops Terra marks (terra.run: main's and its file's functions'), timestamped alone.
+        with bc.program_marks(main):
+            bc.run_eager(target, loop)
+            runs = [bc.run_eager(target, loop) for _ in range(2)]
+        steps = [r[1][0] for r in runs if r[1]]
+        out = {"wall": med(r[0] for r in runs), "step": med(steps) if steps else None}
     else:
         first = bc.run_terra(main)
         runs = [bc.run_terra(main) for _ in range(2)]
@@ -92,12 +95,14 @@ def main():
             eager.append(spawn(name, "eager", loop=loop))
             for b, path in builds.items():
                 runs[b].append(spawn(name, "terra", path))
-        e_step, e_wall = med(r["step"] for r in eager), med(r["wall"] for r in eager)
-        row = {"program": name, "eager_step_ms": e_step * 1e3}
-        line = f"{name:34s} eager {e_step * 1e3:7.3f} ms"
+        e_steps = [r["step"] for r in eager if r["step"] is not None]
+        e_step = med(e_steps) if e_steps else None
+        e_wall = med(r["wall"] for r in eager)
+        row = {"program": name, "eager_step_ms": e_step * 1e3 if e_step else None}
+        line = f"{name:34s} eager {e_step * 1e3 if e_step else 0:7.3f} ms"
         for b in builds:
             steps = [r["step"] for r in runs[b] if r["step"] is not None]
-            row[b] = {"step_ratio": med(steps) / e_step if steps else None,
+            row[b] = {"step_ratio": med(steps) / e_step if steps and e_step else None,
                       "wall_ratio": med(r["wall"] for r in runs[b]) / e_wall,
                       "coexec_share": med(r["coexec"] for r in runs[b])}
             line += (f" | {b} step {fmt(row[b]['step_ratio'])} whole {row[b]['wall_ratio']:.2f}"
@@ -137,7 +142,8 @@ def write(out, rows, builds, args):
              f"is faster. base: {meta['base'] or '-'}; this: the checkout's build.", "", head,
              "|---|---:|" + "---:|---:|---:|" * len(builds)]
     for r in rows:
-        lines.append(f"| {r['program']} | {r['eager_step_ms']:.3f} | " + " | ".join(
+        e_ms = f"{r['eager_step_ms']:.3f}" if r["eager_step_ms"] else "-"
+        lines.append(f"| {r['program']} | {e_ms} | " + " | ".join(
             f"{fmt(r[b]['step_ratio'])} | {r[b]['wall_ratio']:.2f} | {r[b]['coexec_share'] * 100:.0f}%"
             for b in builds) + " |")
     lines += ["", "Geometric means: " + "; ".join(

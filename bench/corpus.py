@@ -64,6 +64,13 @@ def steady(durations):
     return sum(last) / len(last), len(durations)
 
 
+def program_marks(main):
+    """The loops of main's own file marked for the duration (what terra.run marks), or nothing
+    with a Terra build that only marks main's (a baseline build in bench/ab.py)."""
+    marking = getattr(terra, "_marking", None)
+    return marking(terra._program_functions(main)) if marking else contextlib.nullcontext()
+
+
 def run_eager(target, loop=None):
     marks = []
     saved = getattr(builtins, _loops.MARK)
@@ -118,8 +125,9 @@ def eager_child(name, loop, threads):
     torch.set_num_threads(threads)
     main = corpus.load(name).main
     target = terra._instrument(main) or main
-    run_eager(target, loop)
-    print(json.dumps(run_eager(target, loop)))
+    with program_marks(main):
+        run_eager(target, loop)
+        print(json.dumps(run_eager(target, loop)))
 
 
 def run_eager_fresh(name, loop):
