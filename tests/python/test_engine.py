@@ -923,3 +923,40 @@ def test_loops_run_by_another_thread_mark_no_iterations(trainer_program):
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
     with_thread = {k: v for k, v in terra.stats("main").items() if k.startswith("iterations_")}
     assert sum(with_thread.values()) == sum(counts.values()), (counts, with_thread)
+
+
+EDITED_PROGRAM = '''
+import torch
+
+
+def helper(x, k):
+    for i in range(k):
+        x = x * 1.5 + i
+    return x
+
+
+def main():
+    y = torch.ones(3)
+    for step in range(6):
+        y = helper(y, 3) / 2
+    return y
+'''
+
+
+def test_a_file_edited_after_import_does_not_replace_the_code_that_runs(tmp_path, monkeypatch):
+    # terra.run reads the loops' source from the file to mark them; if the file changed since
+    # the module was imported, that source is not the running code, and compiling it would run
+    # the edit instead (main and helper both).
+    import importlib
+    path = tmp_path / "edited_program.py"
+    path.write_text(EDITED_PROGRAM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_program")
+    try:
+        expected = module.main()
+        path.write_text(EDITED_PROGRAM.replace("x * 1.5 + i", "x * 2.5 - i").replace("/ 2", "/ 3"))
+        got = terra.run(module.main)
+        assert torch.equal(got, expected), (got, expected)
+        assert terra._instrument(module.main) is None and terra._instrument(module.helper) is None
+    finally:
+        sys.modules.pop("edited_program", None)

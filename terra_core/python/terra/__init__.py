@@ -16,6 +16,8 @@ PyTorch.
 import ast
 import builtins
 import contextlib
+import copy
+import dis
 import importlib
 import inspect
 import sys
@@ -134,20 +136,10 @@ def iteration():
 _instrumented = {}
 
 
-def _instrumented_code(fn):
-    """`fn`'s code recompiled with iteration boundaries on its loops, with the same free variables
-    (compiled inside a factory taking them as parameters), or None if not possible."""
+def _compile_def(fn, fdef):
+    """The code of the function definition `fdef` (from `fn`'s source), compiled inside a factory
+    taking `fn`'s free variables as parameters, at `fn`'s lines; None if it does not compile."""
     code = fn.__code__
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    fdef = tree.body[0]
-    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != fn.__name__:
-        return None
-    fdef.decorator_list = []
-    if not _loops.mark_loops(fdef.body, fn.__qualname__):
-        return None
     factory = ast.FunctionDef(
         name="__terra_factory__",
         args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in code.co_freevars],
@@ -161,9 +153,45 @@ def _instrumented_code(fn):
         exec(compile(module, code.co_filename, "exec"), fn.__globals__, namespace)
     except SyntaxError:
         return None
-    new_code = next(c for c in namespace["__terra_factory__"].__code__.co_consts
-                    if isinstance(c, type(code)) and c.co_name == fn.__name__)
-    if not set(new_code.co_freevars) <= set(code.co_freevars):
+    return next(c for c in namespace["__terra_factory__"].__code__.co_consts
+                if isinstance(c, type(code)) and c.co_name == fn.__name__)
+
+
+def _shape(code):
+    """A code object's instructions and their arguments, without what compiling a definition
+    inside a factory changes (jump offsets, LOAD_METHOD for LOAD_ATTR, caches and no-ops)."""
+    out = []
+    for ins in dis.get_instructions(code):
+        op = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
+        if op in ("CACHE", "EXTENDED_ARG", "NOP", "RESUME", "PRECALL", "KW_NAMES"):
+            continue
+        jump = ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs
+        arg = None if jump else ins.argval
+        out.append((op, _shape(arg) if isinstance(arg, types.CodeType) else repr(arg)))
+    return out
+
+
+def _instrumented_code(fn):
+    """`fn`'s code recompiled with iteration boundaries on its loops, with the same free variables
+    (compiled inside a factory taking them as parameters), or None if not possible. The source is
+    read from the file, so it is compiled unmarked first and must give `fn`'s own instructions: a
+    file edited since it was imported must not replace the code that runs."""
+    code = fn.__code__
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    fdef = tree.body[0]
+    if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != fn.__name__:
+        return None
+    fdef.decorator_list = []
+    unmarked = _compile_def(fn, copy.deepcopy(fdef))
+    if unmarked is None or _shape(unmarked) != _shape(code):
+        return None
+    if not _loops.mark_loops(fdef.body, fn.__qualname__):
+        return None
+    new_code = _compile_def(fn, fdef)
+    if new_code is None or not set(new_code.co_freevars) <= set(code.co_freevars):
         return None
     return new_code.replace(co_qualname=code.co_qualname)  # not "__terra_factory__.<locals>..."
 
