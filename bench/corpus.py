@@ -71,17 +71,45 @@ def program_marks(main):
     return marking(terra._program_functions(main)) if marking else contextlib.nullcontext()
 
 
+class _Marks:
+    """Timestamps of the boundaries terra.run would take: a helper's loop counts only while no
+    loop of the run function is open (PythonRunner::track_loop)."""
+
+    def __init__(self):
+        self.marks, self.open = [], []  # open: [loop id, is a helper's], innermost last
+
+    def __call__(self, boundary, helper=False):
+        exit = boundary & 1
+        base = boundary ^ _loops.EXIT if exit else boundary
+        at = next((i for i in range(len(self.open) - 1, -1, -1) if self.open[i][0] == base), None)
+        if helper and at is None and any(not h for _, h in self.open):
+            return
+        if at is not None:
+            del self.open[at if exit else at + 1:]
+        elif not exit:
+            self.open.append((boundary, helper))
+        elif helper:
+            return
+        self.marks.append((boundary, time.perf_counter_ns()))
+
+
 def run_eager(target, loop=None):
-    marks = []
-    saved = getattr(builtins, _loops.MARK)
-    setattr(builtins, _loops.MARK, lambda loop: marks.append((loop, time.perf_counter_ns())))
+    recorder = _Marks()
+    marks = recorder.marks
+    helper_name = getattr(_loops, "HELPER_MARK", None)
+    saved = getattr(builtins, _loops.MARK), getattr(builtins, helper_name, None) if helper_name else None
+    setattr(builtins, _loops.MARK, recorder)
+    if helper_name:
+        setattr(builtins, helper_name, lambda boundary: recorder(boundary, helper=True))
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             t0 = time.perf_counter()
             target()
             wall = time.perf_counter() - t0
     finally:
-        setattr(builtins, _loops.MARK, saved)
+        setattr(builtins, _loops.MARK, saved[0])
+        if helper_name:
+            setattr(builtins, helper_name, saved[1])
     durations = [(end - start) * 1e-9 for (mark, start), (_, end) in zip(marks, marks[1:])
                  if mark == loop]
     return wall, steady(durations)

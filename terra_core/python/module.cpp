@@ -104,14 +104,17 @@ py::object backward(py::object original, py::tuple t_outputs, py::args args, py:
   return result;
 }
 
-PyObject* mark(PyObject*, PyObject* boundary) {
+PyObject* mark_as(PyObject* boundary, bool helper) {
   const unsigned long long id = PyLong_AsUnsignedLongLongMask(boundary);
   if (id == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
   HANDLE_TH_ERRORS
-  R().mark(id);
+  R().mark(id, helper);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
+
+PyObject* mark(PyObject*, PyObject* boundary) { return mark_as(boundary, false); }
+PyObject* mark_helper(PyObject*, PyObject* boundary) { return mark_as(boundary, true); }
 
 // `Tensor.grad`'s getter while a session is open: a plain METH_O function, the property's fget
 // itself, without a Python function or pybind11's argument conversion around it (an optimizer
@@ -187,6 +190,10 @@ PYBIND11_MODULE(_C, m) {
   // a pybind11 one, whose argument parsing cost as much as a small op's.
   static PyMethodDef mark_def{"mark", &mark, METH_O, "An iteration boundary (a loop's id)."};
   m.add_object("mark", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&mark_def, nullptr, m.ptr())));
+  static PyMethodDef mark_helper_def{"mark_helper", &mark_helper, METH_O,
+                                     "An iteration boundary of a helper function's loop."};
+  m.add_object("mark_helper",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&mark_helper_def, nullptr, m.ptr())));
   m.def("active", [] { return R().active(); });
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");

@@ -66,7 +66,9 @@ class PythonRunner {
   void enter(Graph* graph, PythonStack::Root root);
   void exit();
   bool active() const { return mode_ != Mode::Off; }
-  void mark(uint64_t boundary);
+  // An iteration boundary; `helper`: of a loop in a function defined next to the one terra.run
+  // runs, an iteration only while no loop of that function is open (track_loop).
+  void mark(uint64_t boundary, bool helper = false);
   Graph* graph() const { return graph_; }
   Policy& policy() { return policy_; }
   GraphRunner& runner();
@@ -196,6 +198,12 @@ class PythonRunner {
   uint32_t graph_name_ = 0;  // Timeline::intern(graph_->name)
   PythonStack::Root root_;
   std::thread::id owner_;  // the thread the session runs on (enter)
+  struct OpenLoop {
+    uint64_t id;
+    bool helper;
+  };
+  std::vector<OpenLoop> open_loops_;  // innermost last (track_loop)
+  bool track_loop(uint64_t boundary, bool helper);  // false: not an iteration boundary
   Policy policy_;
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from

@@ -960,3 +960,52 @@ def test_a_file_edited_after_import_does_not_replace_the_code_that_runs(tmp_path
         assert terra._instrument(module.main) is None and terra._instrument(module.helper) is None
     finally:
         sys.modules.pop("edited_program", None)
+
+
+LAYER_LOOP_PROGRAM = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:  # a helper's loop, called inside main's training loop
+            x = torch.tanh(layer(x))
+        return x
+
+
+def main(steps):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    for step in range(steps):
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        opt.step()
+    return [p.detach() for p in net.parameters()]
+'''
+
+
+def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(tmp_path, monkeypatch):
+    # Net.forward's loop is marked (same file), but it runs inside main's training loop: its
+    # layers are part of the training step's iteration, not iterations of their own (marked, an
+    # RNN's 4-op time steps and two benchmark transformers' layers ran 1.2x slower).
+    import importlib
+    (tmp_path / "layer_loop_program.py").write_text(LAYER_LOOP_PROGRAM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("layer_loop_program")
+    try:
+        expected = module.main(20)
+        got = terra.run(module.main, 20)
+        assert all(torch.equal(a, b) for a, b in zip(expected, got))
+        stats = terra.stats("main")
+        iterations = sum(stats[k] for k in ("iterations_traced", "iterations_coexecuted",
+                                            "iterations_fallback", "iterations_eager"))
+        assert iterations <= 20 + 3, stats  # the steps, the entry and the tail after the loop
+        assert stats["iterations_coexecuted"] >= 15, stats
+    finally:
+        sys.modules.pop("layer_loop_program", None)

@@ -65,6 +65,8 @@ def _enter(name, depth=1, stop_code=None):
         _patches_module().install()
         if getattr(builtins, _loops.MARK, None) is _mark:  # not a host's own (the kernel's)
             setattr(builtins, _loops.MARK, _c().mark)  # boundaries call the engine directly
+        if getattr(builtins, _loops.HELPER_MARK, None) is _mark_helper:
+            setattr(builtins, _loops.HELPER_MARK, _c().mark_helper)
     _last_graph = name
     _depth.n = getattr(_depth, "n", 0) + 1
     try:
@@ -83,6 +85,8 @@ def _leave_patches():
         _patches_module().uninstall()
         if getattr(builtins, _loops.MARK, None) is _c().mark:
             setattr(builtins, _loops.MARK, _mark)
+        if getattr(builtins, _loops.HELPER_MARK, None) is _c().mark_helper:
+            setattr(builtins, _loops.HELPER_MARK, _mark_helper)
 
 
 def _exit():
@@ -98,8 +102,16 @@ def _mark(boundary):
         engine.mark(boundary)
 
 
+def _mark_helper(boundary):
+    engine = sys.modules.get(f"{__name__}._C")
+    if engine is not None:
+        engine.mark_helper(boundary)
+
+
 if not hasattr(builtins, _loops.MARK):  # a host (the Terra kernel) may have its own
     setattr(builtins, _loops.MARK, _mark)
+if not hasattr(builtins, _loops.HELPER_MARK):
+    setattr(builtins, _loops.HELPER_MARK, _mark_helper)
 
 
 class coexecute:
@@ -171,7 +183,7 @@ def _shape(code):
     return out
 
 
-def _instrumented_code(fn):
+def _instrumented_code(fn, mark=_loops.MARK):
     """`fn`'s code recompiled with iteration boundaries on its loops, with the same free variables
     (compiled inside a factory taking them as parameters), or None if not possible. The source is
     read from the file, so it is compiled unmarked first and must give `fn`'s own instructions: a
@@ -188,7 +200,7 @@ def _instrumented_code(fn):
     unmarked = _compile_def(fn, copy.deepcopy(fdef))
     if unmarked is None or _shape(unmarked) != _shape(code):
         return None
-    if not _loops.mark_loops(fdef.body, fn.__qualname__):
+    if not _loops.mark_loops(fdef.body, fn.__qualname__, mark=mark):
         return None
     new_code = _compile_def(fn, fdef)
     if new_code is None or not set(new_code.co_freevars) <= set(code.co_freevars):
@@ -196,16 +208,16 @@ def _instrumented_code(fn):
     return new_code.replace(co_qualname=code.co_qualname)  # not "__terra_factory__.<locals>..."
 
 
-def _instrument(fn):
-    """The function with iteration boundaries on its loops (None if not possible), bound to the
-    same globals, defaults and closure cells as `fn`."""
+def _instrument(fn, mark=_loops.MARK):
+    """The function with iteration boundaries on its loops (calls to the builtin named `mark`;
+    None if not possible), bound to the same globals, defaults and closure cells as `fn`."""
     code = fn.__code__
     # By identity: code objects of equal bytecode compare equal across modules, and the copy is
     # bound to this function's globals.
-    key = (id(code), id(fn.__globals__))
+    key = (id(code), id(fn.__globals__), mark)
     cached = _instrumented.get(key)
     if cached is None or cached[0] is not code or cached[1] is not fn.__globals__:
-        cached = _instrumented[key] = (code, fn.__globals__, _instrumented_code(fn))
+        cached = _instrumented[key] = (code, fn.__globals__, _instrumented_code(fn, mark))
     new_code = cached[2]
     if new_code is None:
         return None
@@ -256,7 +268,7 @@ def _marking(functions):
     swapped = []
     try:
         for f in functions:
-            marked = _instrument(f)
+            marked = _instrument(f, _loops.HELPER_MARK)
             if marked is not None and marked.__code__.co_freevars == f.__code__.co_freevars:
                 swapped.append((f, f.__code__))
                 f.__code__ = marked.__code__
