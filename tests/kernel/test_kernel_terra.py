@@ -114,6 +114,46 @@ def test_function_from_an_earlier_cell(kc):
     assert "co-executed" in on
 
 
+def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
+    # A model's loop over its layers, defined in one cell and called inside another cell's
+    # training loop, is part of the step's iteration; a fit() with its own loop, called from a
+    # cell without one, co-executes by its iterations.
+    ok(kc, "%terra reset")
+    ok(kc, "class Stack(torch.nn.Module):\n"
+           "    def __init__(self):\n"
+           "        super().__init__()\n"
+           "        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))\n"
+           "    def forward(self, x):\n"
+           "        for layer in self.layers:\n"
+           "            x = torch.tanh(layer(x))\n"
+           "        return x\n"
+           "def fit(net, opt, x, steps):\n"
+           "    for _ in range(steps):\n"
+           "        opt.zero_grad()\n"
+           "        net(x).pow(2).mean().backward()\n"
+           "        opt.step()\n")
+    setup = ("torch.manual_seed(2)\n"
+             "net = Stack(); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+             "xs = torch.randn(4, 8)\n")
+    loop = "for _ in range(20):\n    opt.zero_grad()\n    net(xs).pow(2).mean().backward()\n    opt.step()\n"
+    digest = "%%terra off\nprint(_digest(net.state_dict()))\n"  # _digest's loop: not counted
+    iterations = lambda s: sum(s[k] for k in ("iterations_traced", "iterations_coexecuted",
+                                              "iterations_fallback", "iterations_eager"))
+    ok(kc, setup + loop)
+    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
+    on = ok(kc, digest)
+    ok(kc, "%%terra off\n" + setup + loop)
+    assert on == ok(kc, digest)
+    assert len(graphs) == 1 and iterations(next(iter(graphs.values()))) <= 20 + 3, graphs
+    ok(kc, "%terra reset")
+    ok(kc, setup + "fit(net, opt, xs, 20)\n")
+    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
+    on = ok(kc, digest)
+    ok(kc, "%%terra off\n" + setup + "fit(net, opt, xs, 20)\n")
+    assert on == ok(kc, digest)
+    assert any(s["iterations_coexecuted"] >= 15 for s in graphs.values()), graphs
+
+
 def test_cell_raising_mid_loop_leaves_eager_state(kc):
     extra = "if step == 37: raise RuntimeError('boom at 37')"
     for mode in ("%%terra", "%%terra off"):

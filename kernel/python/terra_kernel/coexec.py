@@ -46,6 +46,7 @@ class CellCoexecution:
         shell.events.register("post_run_cell", self.post_run_cell)
         shell.ast_transformers.append(_CellLoops(self))
         setattr(builtins, _loops.MARK, self.mark)
+        setattr(builtins, _loops.HELPER_MARK, self.mark_helper)
 
     # -- cell lifecycle -------------------------------------------------------------------
     def wanted(self):
@@ -73,12 +74,18 @@ class CellCoexecution:
         if self.depth == 0:
             self.graph = None
 
-    def mark(self, boundary):
+    def mark(self, boundary, helper=False):
         if self.session_depth is None:
             if self.graph is None or "torch" not in sys.modules:
                 return
             self.open()  # the cell imported torch before this loop
-        sys.modules["terra._C"].mark(boundary)
+        engine = sys.modules["terra._C"]
+        (engine.mark_helper if helper else engine.mark)(boundary)
+
+    def mark_helper(self, boundary):
+        """A loop of a function a cell defined: an iteration only while no loop of the running
+        cell is open (a model's loop over its layers is part of the training step's iteration)."""
+        self.mark(boundary, helper=True)
 
     def open(self):
         # Also reached from the user's code (a loop's first iteration): a Ctrl-C meanwhile waits,
@@ -106,18 +113,22 @@ class CellCoexecution:
         Python call per boundary), or with live views a wrapper that also pushes their updates."""
         if self.session_depth is None:
             return
-        engine_mark = sys.modules["terra._C"].mark
+        engine = sys.modules["terra._C"]
         hook = self.boundary_hook
         if hook is None:
-            setattr(builtins, _loops.MARK, engine_mark)
+            setattr(builtins, _loops.MARK, engine.mark)
+            setattr(builtins, _loops.HELPER_MARK, engine.mark_helper)
             return
 
-        def mark(boundary, engine_mark=engine_mark, clock=time.perf_counter, hook=hook):
-            engine_mark(boundary)
-            if clock() >= hook.due:
-                hook.push()
+        def with_views(engine_mark):
+            def mark(boundary, engine_mark=engine_mark, clock=time.perf_counter, hook=hook):
+                engine_mark(boundary)
+                if clock() >= hook.due:
+                    hook.push()
+            return mark
 
-        setattr(builtins, _loops.MARK, mark)
+        setattr(builtins, _loops.MARK, with_views(engine.mark))
+        setattr(builtins, _loops.HELPER_MARK, with_views(engine.mark_helper))
 
     def close(self):
         with kernel_code():  # inside the user's code when a %%terra cell ends
@@ -128,6 +139,7 @@ class CellCoexecution:
 
         self.session_depth = None
         setattr(builtins, _loops.MARK, self.mark)
+        setattr(builtins, _loops.HELPER_MARK, self.mark_helper)
         try:
             terra._exit()
         finally:

@@ -29,7 +29,7 @@ def _mark(loop_id, name=MARK):
 class LoopMarker(ast.NodeTransformer):
     """Adds iteration boundaries to every loop; `scope` makes the ids unique per function/cell.
     With `into_functions`, loops in functions defined here are marked too (a notebook cell's
-    functions), otherwise nested definitions are left alone."""
+    functions), as a helper's, otherwise nested definitions are left alone."""
 
     def __init__(self, scope, into_functions=False, mark=MARK):
         self.scope = scope
@@ -48,8 +48,14 @@ class LoopMarker(ast.NodeTransformer):
     visit_For = visit_While = visit_AsyncFor = _loop
 
     def _definition(self, node):
+        # A function's loops are helpers' (HELPER_MARK): iterations only while no loop of the
+        # cell (or of the function being run) is open (runtime/python_runner.h).
         if self.into_functions and not isinstance(node, ast.Lambda):
-            self.generic_visit(node)
+            outer, self.mark = self.mark, HELPER_MARK
+            try:
+                self.generic_visit(node)
+            finally:
+                self.mark = outer
         return node
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _definition
