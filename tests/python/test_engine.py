@@ -1009,3 +1009,26 @@ def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(t
         assert stats["iterations_coexecuted"] >= 15, stats
     finally:
         sys.modules.pop("layer_loop_program", None)
+
+
+def test_an_iteration_that_never_ends_stops_growing_the_graph_at_max_nodes():
+    # A comprehension is not a marked loop: its 3000 adds are one iteration, every op a new node
+    # (as a library's training loop would be). max_nodes was checked only where an iteration
+    # begins, so the graph grew past it; now the rest of the iteration runs eagerly.
+    x = torch.zeros(1)
+
+    def main():
+        return [x + float(i) for i in range(3000)]
+
+    expected = main()
+    before = terra.config()["max_nodes"]
+    terra.config(max_nodes=500)
+    try:
+        got = terra.run(main)
+    finally:
+        terra.config(max_nodes=before)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    stats = terra.stats()
+    assert stats["nodes"] <= 500, stats
+    assert stats["iterations_eager"] >= 1, stats
+    assert any("node cap" in f["reason"] for f in terra.explain()), terra.explain()
