@@ -65,15 +65,15 @@ def steady(durations):
 
 
 def program_marks(main):
-    """The loops of main's own file marked for the duration (what terra.run marks), or nothing
-    with a Terra build that only marks main's (a baseline build in bench/ab.py)."""
-    marking = getattr(terra, "_marking", None)
-    return marking(terra._program_functions(main)) if marking else contextlib.nullcontext()
+    """The loops of main's own file marked for the duration, as terra.run marks them (eager runs
+    always use this checkout's terra)."""
+    return terra._marking(terra._program_functions(main))
 
 
 class _Marks:
     """Timestamps of the boundaries terra.run would take: a helper's loop counts only while no
-    loop of the run function is open (PythonRunner::track_loop)."""
+    loop of the run function is open. The rule of PythonRunner::track_loop, for eager runs,
+    which have no engine session to ask."""
 
     def __init__(self):
         self.marks, self.open = [], []  # open: [loop id, is a helper's], innermost last
@@ -96,11 +96,9 @@ class _Marks:
 def run_eager(target, loop=None):
     recorder = _Marks()
     marks = recorder.marks
-    helper_name = getattr(_loops, "HELPER_MARK", None)
-    saved = getattr(builtins, _loops.MARK), getattr(builtins, helper_name, None) if helper_name else None
+    saved = getattr(builtins, _loops.MARK), getattr(builtins, _loops.HELPER_MARK)
     setattr(builtins, _loops.MARK, recorder)
-    if helper_name:
-        setattr(builtins, helper_name, lambda boundary: recorder(boundary, helper=True))
+    setattr(builtins, _loops.HELPER_MARK, lambda boundary: recorder(boundary, helper=True))
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             t0 = time.perf_counter()
@@ -108,8 +106,7 @@ def run_eager(target, loop=None):
             wall = time.perf_counter() - t0
     finally:
         setattr(builtins, _loops.MARK, saved[0])
-        if helper_name:
-            setattr(builtins, helper_name, saved[1])
+        setattr(builtins, _loops.HELPER_MARK, saved[1])
     durations = [(end - start) * 1e-9 for (mark, start), (_, end) in zip(marks, marks[1:])
                  if mark == loop]
     return wall, steady(durations)

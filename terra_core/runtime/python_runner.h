@@ -175,6 +175,10 @@ class PythonRunner {
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
   uint64_t needed_seq(const c10::IValue& v) const;
   bool passthrough(const c10::OperatorHandle& op);
+  // The node among a location's candidates whose template the call matches, or kNoNode; then
+  // `why`, if given, says why the first candidate did not.
+  uint32_t match_node(const std::vector<uint32_t>& candidates, const torch::jit::Stack& stack,
+                      std::string* why) const;
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
   // the Python side from the backward and `.grad =` ops issued so far. `settled`: the read is
   // answered with the leaf's real gradient, because no item issued since the program thread last
@@ -184,10 +188,6 @@ class PythonRunner {
   // co-executing (zero_grad's default set_to_none) is read through an item: answering those
   // directly once a fetch had drained the GraphRunner made such programs slower (corpus p10, p12,
   // p24: whole-program 1.0-1.7x eager's time became 2.3-2.8x; not understood).
-  // The node among a location's candidates whose template the call matches, or kNoNode; then
-  // `why`, if given, says why the first candidate did not.
-  uint32_t match_node(const std::vector<uint32_t>& candidates, const torch::jit::Stack& stack,
-                      std::string* why) const;
   uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t,
                             bool* settled);
   void note_grads(uint32_t node, const torch::jit::Stack& args, const torch::jit::Stack& returns,

@@ -886,13 +886,26 @@ def main(steps, with_thread=False):
 
 
 @pytest.fixture
-def trainer_program(tmp_path, monkeypatch):
+def program_file(tmp_path, monkeypatch):
+    """`load(name, text)`: `text` written to a file `name`.py and imported (terra.run reads a
+    program's loops from its file); the modules are forgotten after the test."""
     import importlib
-    (tmp_path / "trainer_program.py").write_text(TRAINER_PROGRAM)
     monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("trainer_program")
-    yield module
-    sys.modules.pop("trainer_program", None)
+    names = []
+
+    def load(name, text):
+        (tmp_path / f"{name}.py").write_text(text)
+        names.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def trainer_program(program_file):
+    return program_file("trainer_program", TRAINER_PROGRAM)
 
 
 def test_run_marks_the_loops_of_the_programs_own_functions(trainer_program):
@@ -943,23 +956,17 @@ def main():
 '''
 
 
-def test_a_file_edited_after_import_does_not_replace_the_code_that_runs(tmp_path, monkeypatch):
+def test_a_file_edited_after_import_does_not_replace_the_code_that_runs(program_file, tmp_path):
     # terra.run reads the loops' source from the file to mark them; if the file changed since
     # the module was imported, that source is not the running code, and compiling it would run
     # the edit instead (main and helper both).
-    import importlib
-    path = tmp_path / "edited_program.py"
-    path.write_text(EDITED_PROGRAM)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("edited_program")
-    try:
-        expected = module.main()
-        path.write_text(EDITED_PROGRAM.replace("x * 1.5 + i", "x * 2.5 - i").replace("/ 2", "/ 3"))
-        got = terra.run(module.main)
-        assert torch.equal(got, expected), (got, expected)
-        assert terra._instrument(module.main) is None and terra._instrument(module.helper) is None
-    finally:
-        sys.modules.pop("edited_program", None)
+    module = program_file("edited_program", EDITED_PROGRAM)
+    expected = module.main()
+    (tmp_path / "edited_program.py").write_text(
+        EDITED_PROGRAM.replace("x * 1.5 + i", "x * 2.5 - i").replace("/ 2", "/ 3"))
+    got = terra.run(module.main)
+    assert torch.equal(got, expected), (got, expected)
+    assert terra._instrument(module.main) is None and terra._instrument(module.helper) is None
 
 
 LAYER_LOOP_PROGRAM = '''
@@ -990,25 +997,19 @@ def main(steps):
 '''
 
 
-def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(tmp_path, monkeypatch):
+def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(program_file):
     # Net.forward's loop is marked (same file), but it runs inside main's training loop: its
     # layers are part of the training step's iteration, not iterations of their own (marked, an
     # RNN's 4-op time steps and two benchmark transformers' layers ran 1.2x slower).
-    import importlib
-    (tmp_path / "layer_loop_program.py").write_text(LAYER_LOOP_PROGRAM)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("layer_loop_program")
-    try:
-        expected = module.main(20)
-        got = terra.run(module.main, 20)
-        assert all(torch.equal(a, b) for a, b in zip(expected, got))
-        stats = terra.stats("main")
-        iterations = sum(stats[k] for k in ("iterations_traced", "iterations_coexecuted",
-                                            "iterations_fallback", "iterations_eager"))
-        assert iterations <= 20 + 3, stats  # the steps, the entry and the tail after the loop
-        assert stats["iterations_coexecuted"] >= 15, stats
-    finally:
-        sys.modules.pop("layer_loop_program", None)
+    module = program_file("layer_loop_program", LAYER_LOOP_PROGRAM)
+    expected = module.main(20)
+    got = terra.run(module.main, 20)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    stats = terra.stats("main")
+    iterations = sum(stats[k] for k in ("iterations_traced", "iterations_coexecuted",
+                                        "iterations_fallback", "iterations_eager"))
+    assert iterations <= 20 + 3, stats  # the steps, the entry and the tail after the loop
+    assert stats["iterations_coexecuted"] >= 15, stats
 
 
 def test_an_iteration_that_never_ends_stops_growing_the_graph_at_max_nodes():

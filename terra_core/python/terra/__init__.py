@@ -63,10 +63,9 @@ def _enter(name, depth=1, stop_code=None):
     global _last_graph
     if getattr(_depth, "n", 0) == 0:
         _patches_module().install()
-        if getattr(builtins, _loops.MARK, None) is _mark:  # not a host's own (the kernel's)
-            setattr(builtins, _loops.MARK, _c().mark)  # boundaries call the engine directly
-        if getattr(builtins, _loops.HELPER_MARK, None) is _mark_helper:
-            setattr(builtins, _loops.HELPER_MARK, _c().mark_helper)
+        for builtin, fallback, engine_name in _MARKS:
+            if getattr(builtins, builtin, None) is fallback:  # not a host's own (the kernel's)
+                setattr(builtins, builtin, getattr(_c(), engine_name))  # the engine, directly
     _last_graph = name
     _depth.n = getattr(_depth, "n", 0) + 1
     try:
@@ -83,10 +82,9 @@ def _leave_patches():
     _depth.n -= 1
     if _depth.n == 0:
         _patches_module().uninstall()
-        if getattr(builtins, _loops.MARK, None) is _c().mark:
-            setattr(builtins, _loops.MARK, _mark)
-        if getattr(builtins, _loops.HELPER_MARK, None) is _c().mark_helper:
-            setattr(builtins, _loops.HELPER_MARK, _mark_helper)
+        for builtin, fallback, engine_name in _MARKS:
+            if getattr(builtins, builtin, None) is getattr(_c(), engine_name):
+                setattr(builtins, builtin, fallback)
 
 
 def _exit():
@@ -96,22 +94,23 @@ def _exit():
         _leave_patches()
 
 
-def _mark(boundary):
-    engine = sys.modules.get(f"{__name__}._C")
-    if engine is not None:
-        engine.mark(boundary)
+def _engine_call(engine_name):
+    """A loop boundary outside a session: the engine's, if it is loaded (it ignores it then)."""
+    def mark(boundary):
+        engine = sys.modules.get(f"{__name__}._C")
+        if engine is not None:
+            getattr(engine, engine_name)(boundary)
+    return mark
 
 
-def _mark_helper(boundary):
-    engine = sys.modules.get(f"{__name__}._C")
-    if engine is not None:
-        engine.mark_helper(boundary)
-
-
-if not hasattr(builtins, _loops.MARK):  # a host (the Terra kernel) may have its own
-    setattr(builtins, _loops.MARK, _mark)
-if not hasattr(builtins, _loops.HELPER_MARK):
-    setattr(builtins, _loops.HELPER_MARK, _mark_helper)
+_mark, _mark_helper = _engine_call("mark"), _engine_call("mark_helper")
+# Builtins the marked loops call (terra/_loops.py), what they are outside a session, and the
+# engine's function they become inside one.
+_MARKS = ((_loops.MARK, _mark, "mark"), (_loops.HELPER_MARK, _mark_helper, "mark_helper"))
+for _builtin, _fallback, _ in _MARKS:
+    if not hasattr(builtins, _builtin):  # a host (the Terra kernel) may have its own
+        setattr(builtins, _builtin, _fallback)
+del _builtin, _fallback
 
 
 class coexecute:
