@@ -3,6 +3,7 @@
 #include "backward_hooks.h"
 #include "graph_runner.h"
 #include "op_template.h"
+#include "openmp_team.h"
 #include "placeholder.h"
 #include "terra/location_key.h"
 
@@ -73,11 +74,11 @@ struct Nested {
 class OneThread {
  public:
   explicit OneThread(bool on) : restore_(on && at::get_num_threads() > 1 ? at::get_num_threads() : 0) {
-    if (restore_) at::set_num_threads(1);
+    if (restore_) set_intraop_threads(1);
   }
   bool active() const { return restore_ != 0; }  // it took the thread count down to one
   ~OneThread() {
-    if (restore_) at::set_num_threads(restore_);
+    if (restore_) set_intraop_threads(restore_);
   }
   OneThread(const OneThread&) = delete;
   OneThread& operator=(const OneThread&) = delete;
@@ -652,7 +653,7 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
       std::lock_guard<std::mutex> g(generator.mutex());
       generator.set_state(m.rng_before);
     }
-    at::set_num_threads(n);
+    set_intraop_threads(n);
     op.redispatchBoxed(keys, &args);
     return args;
   };
@@ -686,7 +687,7 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   } catch (...) {
     same = false;
   }
-  at::set_num_threads(threads);
+  set_intraop_threads(threads);
   {
     std::lock_guard<std::mutex> g(generator.mutex());
     generator.set_state(rng_after);
@@ -1144,7 +1145,7 @@ void BlockReplayer::run(WorkItem& item) {
         }
         at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
         const int threads = k.one_thread ? 1 : item.num_threads;
-        if (threads > 0 && at::get_num_threads() != threads) at::set_num_threads(threads);
+        if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
         {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);

@@ -675,7 +675,7 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
 void GraphRunner::use_threads(int n) {
   // Reductions split work by thread count: the program thread's, so results are bitwise those
   // of eager execution (or one, where a replayed block was checked to give the same bits).
-  if (n > 0 && at::get_num_threads() != n) at::set_num_threads(n);
+  if (n > 0 && at::get_num_threads() != n) set_intraop_threads(n);
 }
 
 void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_kernel_threads) {

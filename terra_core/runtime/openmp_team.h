@@ -34,4 +34,15 @@ namespace terra::runtime {
 // omp_pause_resource_all). A no-op inside a parallel region or without an OpenMP runtime.
 void release_openmp_team();
 
+// Sets the calling thread's intra-op thread count, for that thread only: OpenMP's nthreads ICV
+// (what at::get_num_threads() and at::parallel_for read) and MKL's thread-local count.
+//
+// Not at::set_num_threads: besides the two, that one changes process-wide state the program's own
+// ops see. It turns MKL's dynamic threading off, so from then on MKL splits even a 32x64 tanh or a
+// small sgemm over every thread of the program thread's team as well (a process that never called
+// it runs them on one thread: eager ops were slower and started OpenMP teams eager never has,
+// and MKL's sgemm gives other bits with another thread count); it clears oneDNN's primitive cache
+// (every convolution of the program rebuilds its primitive); it resizes the pthreadpool.
+void set_intraop_threads(int n);
+
 }  // namespace terra::runtime

@@ -112,3 +112,55 @@ def test_a_loops_first_coexecuted_iterations_have_one_team(tmp_path):
     assert r["stats"]["iterations_coexecuted"] >= 6, r["stats"]
     assert r["team"] >= 1, r
     assert max(r["during"]) == r["n0"] + 1 + r["team"], r
+
+
+# Without torch.set_num_threads, which turns MKL's dynamic threading off for the whole process:
+# MKL then runs a 32x64 tanh on one thread, as a fresh eager process does. The GraphRunner sets
+# its thread count for itself only (set_intraop_threads), so co-executing leaves that as it was.
+MKL_DYNAMIC = textwrap.dedent("""
+    import ctypes, json, os, torch, terra
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    gomp = next(line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line)
+    pause = ctypes.CDLL(gomp).omp_pause_resource_all
+    small = torch.randn(32, 64)
+
+    def small_op_starts_a_team():
+        pause(1)                   # the program thread's team goes: a parallel region makes one
+        n = threads()
+        torch.tanh(small)          # MKL's vector tanh
+        return threads() > n
+
+    before = small_op_starts_a_team()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+
+    def train(steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    terra.run(train, 30)
+    print(json.dumps({"before": before, "after": small_op_starts_a_team(),
+                      "stats": terra.stats("train")}))
+""")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
+def test_coexecuting_leaves_mkls_threading_of_small_ops_as_eager_has_it(tmp_path):
+    script = tmp_path / "mkl_dynamic.py"
+    script.write_text(MKL_DYNAMIC)
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                         env=env)
+    import json
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    # Replayed blocks ran with one thread and then the program's two: the thread count changed
+    # on the GraphRunner, back and forth.
+    assert r["stats"]["blocks_one_thread"] >= 1, r["stats"]
+    assert r["before"] is False, r
+    assert r["after"] is False, r
