@@ -13,6 +13,11 @@ untimed, then the median of two), so builds differ only in the `terra` package t
         cmake --build /tmp/base/build -j2 --target terra_python
     .venv/bin/python bench/ab.py --base /tmp/base/build/python [--rounds 3] [program-substring ...]
 
+`--idle S` sleeps S seconds before each timed run, in every mode: the machine idles first, as it
+does between two notebook cells. On this 2-vCPU VM an idle second slowed Terra far more than
+eager (corpus p05, 6 runs each: back to back, Terra 32 ms against eager's 35; after an idle
+second, 58 against 37), and the back-to-back runs above cannot show it.
+
 Prints, per program, eager's steady step and each build's steady-step and whole-program ratios
 to eager (medians over rounds; same definitions as bench/corpus.py) and co-executed share, then
 geometric means; `--out` writes them as JSON.
@@ -40,17 +45,23 @@ def child(name, mode, loop):
     import terra
     main = bc.corpus.load(name).main
     med = statistics.median
+    idle = float(os.environ.get("TERRA_AB_IDLE", "0"))
+
+    def after_idle(run, *a):
+        time.sleep(idle)
+        return run(*a)
+
     if mode == "eager":
         target = terra._instrument(main) or main
         # The loops Terra marks (terra.run: main's and its file's functions'), timestamped alone.
         with bc.program_marks(main):
             bc.run_eager(target, loop)
-            runs = [bc.run_eager(target, loop) for _ in range(2)]
+            runs = [after_idle(bc.run_eager, target, loop) for _ in range(2)]
         steps = [r[1][0] for r in runs if r[1]]
         out = {"wall": med(r[0] for r in runs), "step": med(steps) if steps else None}
     else:
         first = bc.run_terra(main)
-        runs = [bc.run_terra(main) for _ in range(2)]
+        runs = [after_idle(bc.run_terra, main) for _ in range(2)]
         # A run whose steady loop had no two consecutive iterations (nested loops interleave
         # them) has no step time; the program's step ratio is then left out, not a crash.
         steps = [r[1][0] for r in runs if r[1]]
@@ -77,8 +88,12 @@ def main():
     ap.add_argument("--base-label", help="what the baseline is (a commit), for the results file")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--idle", type=float, default=0.0,
+                    help="seconds of idling before each timed run (between notebook cells)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.idle:
+        os.environ["TERRA_AB_IDLE"] = str(args.idle)  # the children read it
     if args.child:
         name, mode, loop = args.child
         return child(name, mode, int(loop))
@@ -131,7 +146,7 @@ def write(out, rows, builds, args):
     import torch  # loaded by the corpus programs already; here for its version
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rounds": args.rounds,
-            "base": args.base_label or args.base}
+            "base": args.base_label or args.base, "idle_s": args.idle}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     geo = statistics.geometric_mean
     head = "| program | eager ms/step | " + " | ".join(
@@ -139,7 +154,7 @@ def write(out, rows, builds, args):
     lines = [f"# Terra builds side by side against eager (bench/ab.py)", "",
              f"{meta['date']}, torch {meta['torch']}, {meta['machine']}, {args.rounds} interleaved "
              f"rounds of fresh processes (eager, then each build), medians; ratios to eager, lower "
-             f"is faster. base: {meta['base'] or '-'}; this: the checkout's build.", "", head,
+             f"is faster; {args.idle:g} s idle before each timed run. base: {meta['base'] or '-'}; this: the checkout's build.", "", head,
              "|---|---:|" + "---:|---:|---:|" * len(builds)]
     for r in rows:
         e_ms = f"{r['eager_step_ms']:.3f}" if r["eager_step_ms"] else "-"
