@@ -185,22 +185,41 @@ std::vector<torch::autograd::Node*> root_nodes(const std::vector<at::Tensor>& ro
   return nodes;
 }
 
-// A copy of an argument for a kernel to write without touching the original: tensors cloned
-// with their strides (so the kernel takes the same path); tensors with internal overlap, which
-// no kernel may write, and everything else shared.
-c10::IValue deep_copy(const c10::IValue& v) {
-  return map_tensors(v, [](const at::Tensor& t) {
-    if (!t.defined() || at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
+// Copies of the tensors of `s`, each made by `make`, keeping what a kernel reads besides the values:
+// a tensor passed twice is one copy passed twice (AMSGrad's `torch.maximum(a, b, out=a)`: with two
+// copies the kernel no longer writes its input, and the check called the block unfit for one
+// thread), and a wrapped number (a Python scalar the binding made a 0-dim tensor) stays one, as
+// type promotion reads it (a 0-dim float64 tensor in its place promoted clip_grad_norm_'s `1e-6`
+// additions to float64).
+template <typename Make>
+torch::jit::Stack copy_stack(const torch::jit::Stack& s, Make&& make) {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> made;
+  auto one = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    auto [it, fresh] = made.try_emplace(t.unsafeGetTensorImpl());
+    if (fresh) {
+      it->second = make(t);
+      c10::TensorImpl* c = it->second.unsafeGetTensorImpl();
+      if (c != t.unsafeGetTensorImpl() && t.unsafeGetTensorImpl()->is_wrapped_number())
+        c->set_wrapped_number(true);
+    }
+    return it->second;
+  };
+  torch::jit::Stack out;
+  for (const c10::IValue& v : s) out.push_back(map_tensors(v, one));
+  return out;
+}
+
+// Copies of arguments for a kernel to write without touching the originals: tensors cloned with
+// their strides (so the kernel takes the same path); tensors with internal overlap, which no
+// kernel may write, and everything else shared.
+torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
+  return copy_stack(s, [](const at::Tensor& t) {
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
     at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
     c.copy_(t);
     return c;
   });
-}
-
-torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
-  torch::jit::Stack out;
-  for (const c10::IValue& v : s) out.push_back(deep_copy(v));
-  return out;
 }
 
 // Copies of `s` whose floating-point tensors hold generic values (uniform in [0.25, 0.75): inexact
@@ -208,16 +227,12 @@ torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
 // keep theirs. Drawn from a generator of its own.
 torch::jit::Stack generic_copy(const torch::jit::Stack& s) {
   static at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12345);
-  auto fill = [&](const at::Tensor& t) {
-    if (!t.defined() || !t.is_floating_point() || at::has_internal_overlap(t) == at::MemOverlap::Yes)
-      return t;
+  return copy_stack(s, [&](const at::Tensor& t) {
+    if (!t.is_floating_point() || at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
     at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
     c.uniform_(0.25, 0.75, gen);  // (takes the generator's lock)
     return c;
-  };
-  torch::jit::Stack out;
-  for (const c10::IValue& v : s) out.push_back(map_tensors(v, fill));
-  return out;
+  });
 }
 
 // Same metadata and the same bits (a NaN anywhere counts as a difference: conservative).
@@ -607,13 +622,8 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
     // Every argument is copied (what a kernel writes is not always in its schema:
     // native_batch_norm's running statistics), except tensors with internal overlap (expanded),
     // which no kernel may write; afterwards each copy must match what the kernel left.
-    m.copies.clear();
-    m.originals.clear();
-    for (size_t i = 0; i < n; ++i) {
-      const c10::IValue& v = stack[stack.size() - n + i];
-      m.copies.push_back(deep_copy(v));
-      m.originals.push_back(v);
-    }
+    m.originals.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
+    m.copies = deep_copy_all(m.originals);
     auto generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());
     m.rng_before = generator.get_state();

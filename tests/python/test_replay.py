@@ -2,7 +2,11 @@
 kernels recorded from an earlier one, below autograd. Each test compares against eager PyTorch in
 the same process, bitwise, and checks from the graph's counters that replay did (or did not) run.
 """
+import json
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -293,3 +297,54 @@ def test_branches_that_begin_with_the_same_op_each_replay_their_own_block():
     # iteration of the other branch did, 19 of 35).
     assert s["replays_left"] <= 1, s
     assert s["iterations_replayed"] >= 25, s
+
+
+# In a fresh process with two OpenMP threads and MKL's dynamic threading left on (no
+# torch.set_num_threads, which turns it off): small elementwise kernels and small matmuls give the
+# same bits with one thread, so the recorded block is replayed with one.
+CLIPPED_AMSGRAD = textwrap.dedent("""
+    import json, sys, torch, terra
+
+    def train(steps, amsgrad, clip):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, amsgrad=amsgrad)
+        x, y = torch.randn(32, 10), torch.randint(0, 2, (32,))
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+        state = [p.detach() for p in model.parameters()]
+        state += [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        return state
+
+    amsgrad, clip = sys.argv[1] == "1", sys.argv[2] == "1"
+    eager = train(30, amsgrad, clip)
+    coexec = terra.run(train, 30, amsgrad, clip)
+    print(json.dumps({"same": len(eager) == len(coexec) and all(
+        torch.equal(a, b) for a, b in zip(eager, coexec)), "stats": terra.stats("train")}))
+""")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for two intra-op threads")
+@pytest.mark.parametrize("amsgrad, clip", [(True, False), (False, True)], ids=["amsgrad", "clip"])
+def test_the_one_thread_check_keeps_aliased_arguments_and_wrapped_numbers(tmp_path, amsgrad, clip):
+    # AMSGrad updates its maximum with `torch.maximum(a, b, out=a)`: copied twice, the check's
+    # kernel no longer wrote its input. clip_grad_norm_ adds a Python float to a 0-dim norm: copied
+    # as a plain 0-dim float64 tensor, it promoted the sum to float64. Either made the check call
+    # the whole block unfit for one thread, and the GraphRunner then replayed it with the
+    # program's OpenMP team.
+    script = tmp_path / "clipped_amsgrad.py"
+    script.write_text(CLIPPED_AMSGRAD)
+    out = subprocess.run([sys.executable, str(script), str(int(amsgrad)), str(int(clip))],
+                         capture_output=True, text=True, check=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="2"))
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    s = r["stats"]
+    assert r["same"], s
+    assert s["iterations_replayed"] >= 5, s
+    assert s["blocks_recorded"] >= 1 and s["blocks_one_thread"] == s["blocks_recorded"], s
+    assert not s["not_one_thread_kernel"], s
