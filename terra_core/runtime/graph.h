@@ -58,6 +58,10 @@ struct Graph {
     int unsteady = 0;     // consecutive traced iterations that each added nodes
     int divergences = 0;
     bool coexecuted = false;  // entered co-execution at least once
+    // Its traced and co-executed iterations and the ops they issued; `absorbed`: a nested loop
+    // of a few ops per iteration, part of the enclosing loop's iteration (PythonRunner::absorbs).
+    uint64_t iterations_seen = 0, ops_seen = 0;
+    bool absorbed = false;
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,

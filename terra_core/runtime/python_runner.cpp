@@ -264,6 +264,10 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
     for (const OpenLoop& l : open_loops_)
       if (!l.helper) return false;
   }
+  if (!helper && absorbs(exit ? boundary ^ kLoopExit : boundary)) {
+    if (at < open_loops_.size()) open_loops_.resize(at);  // absorbed while it ran
+    return false;
+  }
   if (at < open_loops_.size()) {
     open_loops_.resize(exit ? at : at + 1);
   } else if (!exit) {
@@ -274,9 +278,36 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
   return true;
 }
 
+bool PythonRunner::absorbs(uint64_t loop) {
+  // A loop of the run function (of the cell) nested in another one whose iterations are a few ops
+  // each (a loop over the parameters: a manual SGD update, weight clipping, an EMA of the
+  // weights) is part of the enclosing loop's iteration from then on, as a helper's loop is:
+  // marked, each parameter's update was an iteration of its own, with an iteration's costs on
+  // both threads for two ops, and the training step between them was cut into pieces (corpus
+  // p11, p25, p26 co-executed 5-22% of their iterations). A loop of whole training steps (an epoch
+  // loop's batches) issues far more ops per iteration and stays the iteration. Called at the
+  // outermost level, the same loop is an iteration again.
+  constexpr uint64_t kAbsorbAfter = 6;  // iterations seen (traced or co-executed)
+  constexpr uint64_t kFewOps = 8;       // ops per iteration, at most, on average
+  bool enclosed = false;  // inside another loop of the run function
+  for (const OpenLoop& l : open_loops_)
+    if (!l.helper && l.id != loop) enclosed = true;
+  if (!enclosed) return false;
+  auto it = graph_->roots.find(loop);
+  if (it == graph_->roots.end()) return false;
+  Graph::Root& r = it->second;
+  if (!r.absorbed && r.iterations_seen >= kAbsorbAfter && r.ops_seen <= kFewOps * r.iterations_seen)
+    r.absorbed = true;
+  return r.absorbed;
+}
+
 void PythonRunner::end_iteration() {
   auto& root = graph_->roots[boundary_];
   const int64_t end = now_ns();
+  if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) {
+    ++root.iterations_seen;
+    root.ops_seen += path_.empty() ? 0 : path_.size() - 1;  // the nodes followed, after the root
+  }
   double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
   coexec_run_ = mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec ? coexec_run_ + 1 : 0;
   // Not steady: the interval coexec_seconds measures holds the GraphRunner's first co-executed

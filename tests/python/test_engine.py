@@ -776,7 +776,9 @@ def test_values_of_dropped_placeholders_are_freed_within_the_session():
     eager_peak, eager_sum = nested_loop_memory(16, 24)
     peak, total = terra.run(nested_loop_memory, 16, 24)
     assert torch.equal(total, eager_sum)
-    assert terra.stats("nested_loop_memory")["iterations_coexecuted"] >= 200
+    # Most of the 16 x 24 x 3 ops co-executed (the inner loop, 3 ops per iteration, is part of the
+    # outer loop's iterations once seen: PythonRunner::absorbs).
+    assert terra.stats("nested_loop_memory")["ops_coexecuted"] >= 16 * 24 * 3 // 2
     assert peak < eager_peak + 256, (peak, eager_peak)
 
 
@@ -1033,3 +1035,38 @@ def test_an_iteration_that_never_ends_stops_growing_the_graph_at_max_nodes():
     assert stats["nodes"] <= 500, stats
     assert stats["iterations_eager"] >= 1, stats
     assert any("node cap" in f["reason"] for f in terra.explain()), terra.explain()
+
+
+def ema_training(steps):
+    """A training loop that keeps an exponential moving average of the weights, updated in a loop
+    over the parameters written inside the training loop: two ops per parameter."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    params = list(model.parameters())
+    ema = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=0.05)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for e, p in zip(ema, params):
+                e.mul_(0.9).add_(p, alpha=0.1)
+    return params + ema
+
+
+def test_a_nested_loop_of_a_few_ops_per_iteration_becomes_part_of_the_enclosing_iteration():
+    # Each parameter's EMA update was an iteration of its own (4 per step, with the rest of the
+    # step cut into pieces around them): 242 iterations for 40 steps, 15 co-executed.
+    eager = ema_training(40)
+    coexec = terra.run(ema_training, 40)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats("ema_training")
+    iterations = (s["iterations_traced"] + s["iterations_coexecuted"] + s["iterations_eager"]
+                  + s["iterations_fallback"])
+    # Before the loop is absorbed: 6 of its iterations seen, in 2 steps (the step, 4 parameters,
+    # the rest of the step after the loop, each an iteration), plus the code around the loops.
+    assert iterations <= 40 + 2 * 5 + 4, s
+    assert s["iterations_coexecuted"] >= 25, s

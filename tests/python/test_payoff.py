@@ -130,7 +130,8 @@ def nested(epochs):
     """An outer loop whose iterations are always traced (an op of a new shape each epoch), around
     an inner loop of two steps, each with a parallel op (a sum over 400k elements); records the
     process's thread count in every inner step. The payoff check's decisions land on an inner
-    loop's last step, so an eager hold begins right after a traced iteration."""
+    loop's last step, so an eager hold begins right after a traced iteration. Each step issues
+    more than a few ops, so the inner loop stays the iteration (PythonRunner::absorbs)."""
     torch.manual_seed(0)
     x = torch.randn(400_000)
     w = torch.zeros(())
@@ -139,6 +140,7 @@ def nested(epochs):
         w = w * 0.5 + torch.ones(epoch + 1).sum()
         for step in range(2):
             w = w + (x * (step + 1)).sum() * 1e-6
+            w = ((w * 1.0 + 0.0) * 1.0 + 0.0) * 1.0 + 0.0
             threads.append(len(os.listdir("/proc/self/task")))
     return w, threads
 
