@@ -8,9 +8,6 @@ namespace {
 
 using PauseAll = int (*)(int kind);
 constexpr int kPauseSoft = 1;  // omp_pause_soft: free the threads, keep the settings
-// MKL_Set_Num_Threads_Local, what mkl.h maps mkl_set_num_threads_local to (the lower-case symbol
-// is the Fortran interface, which takes a pointer); returns the previous count.
-using SetThreads = int (*)(int n);
 
 // A function of the OpenMP runtime PyTorch loaded (the wheel bundles its own libgomp), or of the
 // MKL its library links in, found by the symbol they export: Terra is linked against neither.
@@ -28,7 +25,9 @@ F find(const char* name, const char* library) {
 
 void set_intraop_threads(int n) {
   static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
-  static const auto mkl = find<SetThreads>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
+  // What mkl.h maps mkl_set_num_threads_local to (the lower-case symbol is the Fortran
+  // interface, which takes a pointer); it returns the previous count.
+  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
   if (omp) omp(n);
   if (mkl) mkl(n);
 }

@@ -253,19 +253,19 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
     return open_loops_.size();
   };
   const bool exit = (boundary & 1) != 0;
-  const size_t at = open(exit ? boundary ^ kLoopExit : boundary);
-  // A helper's loop (a function defined next to the one terra.run runs) is an iteration only
-  // while no loop of the run function is open: a Trainer.fit called once from main is what the
-  // program iterates; a model's loop over its layers or time steps, called inside the training
-  // loop, is part of that loop's iteration (marked, corpus p07's RNN time loop made 4-op
-  // iterations with ragged counts: 1.53x -> 1.85x eager's time; two benchmark transformers
-  // 1.0x -> 1.2x).
-  if (helper && at == open_loops_.size()) {
-    for (const OpenLoop& l : open_loops_)
-      if (!l.helper) return false;
-  }
-  if (!helper && absorbs(exit ? boundary ^ kLoopExit : boundary)) {
-    if (at < open_loops_.size()) open_loops_.resize(at);  // absorbed while it ran
+  const uint64_t loop = exit ? boundary ^ kLoopExit : boundary;
+  const size_t at = open(loop);
+  bool inside_run_loop = false;  // inside another loop of the run function (of the cell)
+  for (const OpenLoop& l : open_loops_)
+    if (!l.helper && l.id != loop) inside_run_loop = true;
+  // Inside a loop of the run function, a loop is part of that loop's iteration when it is a
+  // helper's (a function defined next to the one terra.run runs: a Trainer.fit called once from
+  // main is what the program iterates, but a model's loop over its layers or time steps, called
+  // inside the training loop, is part of its iteration; marked, corpus p07's RNN time loop made
+  // 4-op iterations with ragged counts: 1.53x -> 1.85x eager's time, two benchmark transformers
+  // 1.0x -> 1.2x) or when its iterations are a few ops each (absorbs).
+  if (inside_run_loop && (helper ? at == open_loops_.size() : absorbs(loop))) {
+    open_loops_.resize(std::min(at, open_loops_.size()));  // absorbed while it ran
     return false;
   }
   if (at < open_loops_.size()) {
@@ -281,23 +281,19 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
 bool PythonRunner::absorbs(uint64_t loop) {
   // A loop of the run function (of the cell) nested in another one whose iterations are a few ops
   // each (a loop over the parameters: a manual SGD update, weight clipping, an EMA of the
-  // weights) is part of the enclosing loop's iteration from then on, as a helper's loop is:
-  // marked, each parameter's update was an iteration of its own, with an iteration's costs on
-  // both threads for two ops, and the training step between them was cut into pieces (corpus
-  // p11, p25, p26 co-executed 5-22% of their iterations). A loop of whole training steps (an epoch
-  // loop's batches) issues far more ops per iteration and stays the iteration. Called at the
-  // outermost level, the same loop is an iteration again.
+  // weights) is part of the enclosing loop's iteration, as a helper's loop is: marked, each
+  // parameter's update was an iteration of its own, with an iteration's costs on both threads
+  // for two ops, and the training step between them was cut into pieces (corpus p11, p25, p26
+  // co-executed 5-22% of their iterations). A loop of whole training steps (an epoch loop's
+  // batches) issues far more ops per iteration and stays the iteration. Absorbed for good: the
+  // iteration running when it is absorbed goes on to the enclosing loop's next boundary and adds
+  // those ops to its counts. At the outermost level it is an iteration again.
   constexpr uint64_t kAbsorbAfter = 6;  // iterations seen (traced or co-executed)
   constexpr uint64_t kFewOps = 8;       // ops per iteration, at most, on average
-  bool enclosed = false;  // inside another loop of the run function
-  for (const OpenLoop& l : open_loops_)
-    if (!l.helper && l.id != loop) enclosed = true;
-  if (!enclosed) return false;
   auto it = graph_->roots.find(loop);
   if (it == graph_->roots.end()) return false;
   Graph::Root& r = it->second;
-  if (!r.absorbed && r.iterations_seen >= kAbsorbAfter && r.ops_seen <= kFewOps * r.iterations_seen)
-    r.absorbed = true;
+  r.absorbed = r.absorbed || (r.iterations_seen >= kAbsorbAfter && r.ops_seen <= kFewOps * r.iterations_seen);
   return r.absorbed;
 }
 

@@ -204,7 +204,7 @@ class PythonRunner {
   };
   std::vector<OpenLoop> open_loops_;  // innermost last (track_loop)
   bool track_loop(uint64_t boundary, bool helper);  // false: not an iteration boundary
-  bool absorbs(uint64_t loop);  // a nested loop of a few ops per iteration (Graph::Root::absorbed)
+  bool absorbs(uint64_t loop);  // a loop of a few ops per iteration (Graph::Root::absorbed)
   Policy policy_;
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from

@@ -999,6 +999,12 @@ def main(steps):
 '''
 
 
+def iterations(stats):
+    """Every iteration of a graph, however it ran."""
+    return sum(stats[k] for k in ("iterations_traced", "iterations_coexecuted",
+                                  "iterations_fallback", "iterations_eager"))
+
+
 def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(program_file):
     # Net.forward's loop is marked (same file), but it runs inside main's training loop: its
     # layers are part of the training step's iteration, not iterations of their own (marked, an
@@ -1008,9 +1014,7 @@ def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(p
     got = terra.run(module.main, 20)
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
     stats = terra.stats("main")
-    iterations = sum(stats[k] for k in ("iterations_traced", "iterations_coexecuted",
-                                        "iterations_fallback", "iterations_eager"))
-    assert iterations <= 20 + 3, stats  # the steps, the entry and the tail after the loop
+    assert iterations(stats) <= 20 + 3, stats  # the steps, the entry and the tail after the loop
     assert stats["iterations_coexecuted"] >= 15, stats
 
 
@@ -1064,9 +1068,7 @@ def test_a_nested_loop_of_a_few_ops_per_iteration_becomes_part_of_the_enclosing_
     coexec = terra.run(ema_training, 40)
     assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
     s = terra.stats("ema_training")
-    iterations = (s["iterations_traced"] + s["iterations_coexecuted"] + s["iterations_eager"]
-                  + s["iterations_fallback"])
     # Before the loop is absorbed: 6 of its iterations seen, in 2 steps (the step, 4 parameters,
     # the rest of the step after the loop, each an iteration), plus the code around the loops.
-    assert iterations <= 40 + 2 * 5 + 4, s
+    assert iterations(s) <= 40 + 2 * 5 + 4, s
     assert s["iterations_coexecuted"] >= 25, s
