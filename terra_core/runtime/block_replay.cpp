@@ -959,6 +959,12 @@ bool unfilled(const c10::IValue& v) {
 }
 
 c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
+  if (elem < 0) {
+    // Read in place: a copy of the program's placeholder would write its reference count, a
+    // line of the program thread's, which it writes again when it drops the placeholder.
+    const c10::IValue& v = item.args.at(arg);
+    return v.isTensor() ? c10::IValue(resolve_placeholder(v.toTensor())) : v;
+  }
   c10::IValue v = raw_item_arg(item, arg, elem);
   return v.isTensor() ? c10::IValue(resolve_placeholder(v.toTensor())) : v;
 }

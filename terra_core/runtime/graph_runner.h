@@ -119,7 +119,8 @@ class GraphRunner {
   // Python thread: the next free item (waits, GIL released by the caller's policy, while the ring
   // is full). Fill it, then call `issue()`, which returns its sequence number (1-based).
   WorkItem& next_item();
-  uint64_t issue();
+  // `out_bytes`: the size of the item's outputs (how much memory waits on `reclaim`).
+  uint64_t issue(uint64_t out_bytes = 0);
 
   uint64_t issued() const { return issued_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
@@ -134,7 +135,8 @@ class GraphRunner {
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
-  // Python thread: drop the references held by executed items, except (unless `all`: the ring is
+  // Python thread: drop the references held by executed items (in batches of kDropItems items
+  // or kDropBytes bytes of outputs, all of them with `all`), except (unless `all`: the ring is
   // full, or everything was drained) the real tensors among the arguments of the iteration the
   // GraphRunner is in. Dropping the last C++ reference but one to a tensor with a Python object
   // decrefs the object under the GIL (torch's PyObject preservation); were that the GraphRunner's
@@ -188,6 +190,11 @@ class GraphRunner {
  private:
   void loop();
   bool wait_for_work(uint64_t next);  // false: stopping
+  void prefetch(const WorkItem& item);  // GraphRunner: the next item's lines, while this one runs
+  static constexpr uint64_t kDropItems = 32;
+  static constexpr uint64_t kDropBytes = 256 << 10;
+  uint64_t bytes_before(uint64_t n) const;  // output bytes of the first n items issued
+  bool few_to_drop(uint64_t upto) const;    // items [lightened_, upto) are not worth a batch
   void wake();
   void execute(WorkItem& item, uint64_t seq);
   // `per_kernel_threads`: each kernel with one thread where the process's verdicts allow it.
@@ -218,22 +225,31 @@ class GraphRunner {
   StreamSwitcher streams_;  // GraphRunner thread only
   AutocastState autocast_;  // GraphRunner thread only: the state last applied
 
+  static constexpr size_t kLine = 128;  // a cache line pair: Intel's prefetcher fetches two
   std::vector<WorkItem> ring_;
-  uint64_t issued_ = 0;     // written by the Python thread only
-  uint64_t reclaimed_ = 0;  // Python thread only
-  uint64_t lightened_ = 0;  // Python thread only: items whose placeholders were dropped
+  // The counters each thread writes per item sit on cache lines of their own (kLine), so that a
+  // write by one thread does not take the other's counters from its core (alone, this moved no
+  // timing beyond noise; the per-op cost of lines shared between the cores is in reclaim()).
+  // Written by the Python thread, per item:
+  alignas(kLine) uint64_t issued_ = 0;
+  uint64_t reclaimed_ = 0;
+  uint64_t lightened_ = 0;  // items whose placeholders were dropped
+  uint64_t bytes_ = 0;      // output bytes of the items issued so far
+  std::vector<uint64_t> issued_bytes_;  // by ring index: `bytes_` once that item was issued
   std::atomic<uint64_t> published_{0};
-  std::atomic<uint64_t> done_{0};
-  // Sequence number of the first item of the iteration the GraphRunner is in (reclaim stops
-  // before it); kNoHold between iterations.
-  static constexpr uint64_t kNoHold = UINT64_MAX;
-  std::atomic<uint64_t> hold_{kNoHold};
-  std::atomic<bool> failed_{false};
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> active_{false};
+  // Written by the GraphRunner, per item:
+  alignas(kLine) std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> busy_ns_{0};
   std::atomic<uint64_t> ops_autograd_{0}, ops_below_autograd_{0};
   std::atomic<uint64_t> sequence_{0};
+  // Written now and then (per iteration, per wait, at a failure):
+  // Sequence number of the first item of the iteration the GraphRunner is in (reclaim stops
+  // before it); kNoHold between iterations.
+  static constexpr uint64_t kNoHold = UINT64_MAX;
+  alignas(kLine) std::atomic<uint64_t> hold_{kNoHold};
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> active_{false};
   RunnerError error_;
   std::mutex mutex_;
   std::condition_variable work_cv_;
