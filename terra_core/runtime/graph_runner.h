@@ -192,7 +192,7 @@ class GraphRunner {
   bool wait_for_work(uint64_t next);  // false: stopping
   void prefetch(const WorkItem& item);  // GraphRunner: the next item's lines, while this one runs
   static constexpr uint64_t kDropItems = 32;
-  static constexpr uint64_t kDropBytes = 256 << 10;
+  static constexpr uint64_t kDropBytes = 4 << 10;
   uint64_t bytes_before(uint64_t n) const;  // output bytes of the first n items issued
   bool few_to_drop(uint64_t upto) const;    // items [lightened_, upto) are not worth a batch
   void wake();
