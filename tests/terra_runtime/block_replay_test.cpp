@@ -41,13 +41,15 @@ class Issuer {
     WorkItem& item = fill(OpKind::Aten, std::move(args), grad_mode);
     item.op = &o;
     std::vector<at::Tensor> outs;
+    uint64_t bytes = 0;
     for (const at::Tensor& l : like) {
       auto slot = std::make_shared<Slot>();
       slot->seq = r_.issued() + 1;
       outs.push_back(make_placeholder(TensorMeta::of(l), slot, own_group(slot)));
       item.outs.push_back(std::move(slot));
+      bytes += l.nbytes();
     }
-    last_ = r_.issue();
+    last_ = r_.issue(bytes);
     return outs;
   }
   void backward(const at::Tensor& root) {
@@ -327,6 +329,41 @@ TEST(BlockReplay, ASecondBackwardThroughABoundForwardRaisesAsInEager) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
   }
+}
+
+// Executed items are dropped by the program thread's reclaim(): those with tiny outputs in
+// batches, larger ones at once, so a dead placeholder's value outlives it by a few small items at
+// most. An item's output slot lives while the item holds it.
+std::weak_ptr<Slot> issue_add(Issuer& is, const at::Tensor& x) {
+  at::Tensor p = is.aten(op("aten::add", "Tensor"), {x, x, 1}, false, {x})[0];
+  return as_placeholder(p)->slot();  // `p` dies here: only the item holds the slot
+}
+
+TEST(GraphRunnerReclaim, ItemsWithTinyOutputsAreDroppedInBatches) {
+  GraphRunner runner;
+  Issuer is(runner);
+  const at::Tensor x = at::randn({1, 1});
+  std::vector<std::weak_ptr<Slot>> slots;
+  for (int i = 0; i < 3; ++i) slots.push_back(issue_add(is, x));
+  runner.drain();
+  runner.reclaim();
+  for (const auto& s : slots) EXPECT_FALSE(s.expired()) << "a batch of three 4-byte items";
+  for (int i = 0; i < 40; ++i) slots.push_back(issue_add(is, x));
+  runner.drain();
+  runner.reclaim();
+  for (const auto& s : slots) EXPECT_TRUE(s.expired());
+  runner.reclaim(/*all=*/true);
+  ASSERT_FALSE(runner.failed());
+}
+
+TEST(GraphRunnerReclaim, ItemsWithLargerOutputsAreDroppedAtOnce) {
+  GraphRunner runner;
+  Issuer is(runner);
+  const at::Tensor x = at::randn({64, 64});  // 16 KiB of output per item
+  const std::weak_ptr<Slot> slot = issue_add(is, x);
+  runner.drain();
+  runner.reclaim();
+  EXPECT_TRUE(slot.expired());
 }
 
 }  // namespace
