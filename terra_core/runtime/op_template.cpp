@@ -325,6 +325,17 @@ void OpTemplate::mark_same_as_input(size_t out, int arg) {
   }
 }
 
+uint64_t OpTemplate::out_bytes() const {
+  uint64_t bytes = 0;
+  for (const OutSpec& o : outs) {
+    if (o.none || o.alias_arg >= 0) continue;
+    uint64_t n = c10::elementSize(o.meta.dtype);
+    for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
+    bytes += n;
+  }
+  return bytes;
+}
+
 int64_t OpTemplate::view_offset(const torch::jit::Stack& call) const {
   const at::Tensor& base = call[0].toTensor();
   const auto place = place_view(indexed_view, args[0].metas[0], call);

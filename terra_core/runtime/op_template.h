@@ -107,6 +107,10 @@ struct OpTemplate {
   // Does this call (same op, stack position) match the template? On mismatch `why` says how.
   bool matches(const torch::jit::Stack& args, std::string* why) const;
   std::string label() const;  // op name and output shapes, for export and explain
+  // Bytes of the values its placeholders keep alive until its item is dropped (an in-place
+  // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower
+  // bound of the storage it keeps).
+  uint64_t out_bytes() const;
   // Indexed views: the output's storage offset for this (matching) call.
   int64_t view_offset(const torch::jit::Stack& args) const;
 };

@@ -53,18 +53,6 @@ std::string op_name(const c10::OperatorHandle* op, const char* name) {
   return op ? c10::toString(op->operator_name()) : std::string(name ? name : "?");
 }
 
-// Bytes of the new tensors an op hands out (its views and in-place results hold none of their own).
-uint64_t out_bytes(const OpTemplate& t) {
-  uint64_t bytes = 0;
-  for (const OutSpec& o : t.outs) {
-    if (o.none || o.view || o.alias_arg >= 0) continue;
-    uint64_t n = c10::elementSize(o.meta.dtype);
-    for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
-    bytes += n;
-  }
-  return bytes;
-}
-
 void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
   op.callBoxed(stack);
@@ -961,7 +949,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->args.clear();
   item->args.swap(*stack);
   stack->swap(returns);
-  r.issue(out_bytes(t));
+  r.issue(t.out_bytes());
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   if (r.issued() - r.done() > kAheadHigh) {
     // Far ahead of the GraphRunner: sleep until it has caught up halfway, leaving the cores to
