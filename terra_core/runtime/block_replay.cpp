@@ -958,15 +958,14 @@ bool unfilled(const c10::IValue& v) {
   return p && !p->slot()->value.defined();
 }
 
-c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
-  if (elem < 0) {
-    // Read in place: a copy of the program's placeholder would write its reference count, a
-    // line of the program thread's, which it writes again when it drops the placeholder.
-    const c10::IValue& v = item.args.at(arg);
-    return v.isTensor() ? c10::IValue(resolve_placeholder(v.toTensor())) : v;
-  }
-  c10::IValue v = raw_item_arg(item, arg, elem);
+c10::IValue resolved(const c10::IValue& v) {
   return v.isTensor() ? c10::IValue(resolve_placeholder(v.toTensor())) : v;
+}
+
+c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
+  // A whole argument is read in place: a copy of the program's placeholder would write its
+  // reference count, a line of the program thread's, which it writes again when it drops it.
+  return elem < 0 ? resolved(item.args.at(arg)) : resolved(raw_item_arg(item, arg, elem));
 }
 
 }  // namespace

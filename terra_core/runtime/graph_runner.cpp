@@ -247,6 +247,8 @@ uint64_t GraphRunner::bytes_before(uint64_t n) const {
 }
 
 bool GraphRunner::few_to_drop(uint64_t upto) const {
+  // Bytes only within kDropItems items: their tallies are still in issued_bytes_. (Were one
+  // overwritten, the difference would wrap to a huge count, and the items be dropped.)
   return upto - lightened_ < kDropItems && bytes_before(upto) - bytes_before(lightened_) < kDropBytes;
 }
 
@@ -257,7 +259,7 @@ void GraphRunner::reclaim(bool all) {
   // at once: with batches of up to 256 KiB, corpus p01 (8 KiB activations) took 250 µs per
   // co-executed step instead of 150 (why was not found). Too little issued since the last batch
   // (counted by the program's own tallies): not even `done_` is read.
-  if (!all && issued_ - lightened_ < ring_.size() / 2 && few_to_drop(issued_)) return;
+  if (!all && few_to_drop(issued_)) return;
   const uint64_t d = done();  // before the hold: a hold stored before `done` moved past it is seen
   const uint64_t held = all ? d : std::min(d, hold_.load() - 1);
   for (; reclaimed_ < held; ++reclaimed_) ring_[reclaimed_ % ring_.size()].clear();
@@ -592,13 +594,14 @@ void GraphRunner::loop() {
     in_span = false;
   };
   while (!stop_.load()) {
-    if (published_.load() == next) {
+    const uint64_t published = published_.load();
+    if (published == next) {
       close_span();
       if (!wait_for_work(next)) break;
       continue;
     }
     WorkItem& item = ring_[next % ring_.size()];
-    if (published_.load(std::memory_order_acquire) > next + 1) prefetch(ring_[(next + 1) % ring_.size()]);
+    if (published > next + 1) prefetch(ring_[(next + 1) % ring_.size()]);
     // After a failure, later items are skipped: the program state stays as eager execution
     // would have left it at the failing op, and the error is raised in the Python thread.
     if (!failed_.load(std::memory_order_relaxed)) {

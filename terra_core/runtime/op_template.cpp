@@ -307,33 +307,32 @@ void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
   }
   scalar_outputs = !outs.empty();
   for (const OutSpec& o : outs) scalar_outputs = scalar_outputs && !o.none && o.meta.sizes.empty();
+  derive_from_aliases();
+}
+
+void OpTemplate::derive_from_aliases() {
   // A view-like op that returned its own input (x.to(x.dtype), x.contiguous() of a contiguous x)
   // hands back the same tensor during co-execution and issues nothing.
   noop_alias = !mutates_input && !outs.empty();
-  for (const OutSpec& o : outs) noop_alias = noop_alias && o.alias_arg >= 0;
+  out_bytes = 0;
+  for (const OutSpec& o : outs) {
+    noop_alias = noop_alias && o.alias_arg >= 0;
+    if (o.none || o.alias_arg >= 0) continue;
+    uint64_t n = c10::elementSize(o.meta.dtype);
+    for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
+    out_bytes += n;
+  }
 }
 
 void OpTemplate::mark_same_as_input(size_t out, int arg) {
   if (out < outs.size()) outs[out].alias_arg = arg;
-  noop_alias = !mutates_input && !outs.empty();
-  for (const OutSpec& o : outs) noop_alias = noop_alias && o.alias_arg >= 0;
+  derive_from_aliases();
   if (noop_alias && indexed_view != IndexedView::None) {
     // A view that was its own input (a slice covering everything): only these positions are.
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == Kind::Feed && is_position_arg(indexed_view, i)) args[i].kind = Kind::Constant;
     indexed_view = IndexedView::None;
   }
-}
-
-uint64_t OpTemplate::out_bytes() const {
-  uint64_t bytes = 0;
-  for (const OutSpec& o : outs) {
-    if (o.none || o.alias_arg >= 0) continue;
-    uint64_t n = c10::elementSize(o.meta.dtype);
-    for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
-    bytes += n;
-  }
-  return bytes;
 }
 
 int64_t OpTemplate::view_offset(const torch::jit::Stack& call) const {

@@ -81,6 +81,10 @@ struct OpTemplate {
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)
   bool scalar_outputs = false;      // every output is a 0-d tensor (host scalar candidate)
+  // Bytes of the values its placeholders keep alive until its item is dropped (an in-place
+  // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower
+  // bound of the storage it keeps): GraphRunner::reclaim batches items by it.
+  uint64_t out_bytes = 0;
   IndexedView indexed_view = IndexedView::None;
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
@@ -107,12 +111,11 @@ struct OpTemplate {
   // Does this call (same op, stack position) match the template? On mismatch `why` says how.
   bool matches(const torch::jit::Stack& args, std::string* why) const;
   std::string label() const;  // op name and output shapes, for export and explain
-  // Bytes of the values its placeholders keep alive until its item is dropped (an in-place
-  // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower
-  // bound of the storage it keeps).
-  uint64_t out_bytes() const;
   // Indexed views: the output's storage offset for this (matching) call.
   int64_t view_offset(const torch::jit::Stack& args) const;
+
+ private:
+  void derive_from_aliases();  // noop_alias and out_bytes, from outs
 };
 
 // Identity of an op for LocationKeys: the schema's address for ATen ops, small ids otherwise.

@@ -949,7 +949,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->args.clear();
   item->args.swap(*stack);
   stack->swap(returns);
-  r.issue(t.out_bytes());
+  r.issue(t.out_bytes);
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   if (r.issued() - r.done() > kAheadHigh) {
     // Far ahead of the GraphRunner: sleep until it has caught up halfway, leaving the cores to

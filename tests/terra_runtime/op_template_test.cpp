@@ -117,13 +117,13 @@ TEST(OpTemplate, InPlaceOpsReturnTheirArgument) {
 
 TEST(OpTemplate, OutputBytesCountWhatThePlaceholdersKeepAlive) {
   // A new tensor: its own size.
-  EXPECT_EQ(traced(op("aten::add", "Tensor"), {at::ones({64, 64}), at::ones({64, 64}), 1}).out_bytes(),
+  EXPECT_EQ(traced(op("aten::add", "Tensor"), {at::ones({64, 64}), at::ones({64, 64}), 1}).out_bytes,
             64u * 64u * 4u);
   // An in-place result is its argument: nothing new.
-  EXPECT_EQ(traced(op("aten::add_", "Tensor"), {at::ones({64, 64}), at::ones({64, 64}), 1.0}).out_bytes(), 0u);
+  EXPECT_EQ(traced(op("aten::add_", "Tensor"), {at::ones({64, 64}), at::ones({64, 64}), 1.0}).out_bytes, 0u);
   // A view keeps its base's storage: counted by what it covers.
   EXPECT_EQ(traced(op("aten::select", "int"), {at::ones({64, 64}, at::kDouble), int64_t{0}, int64_t{3}})
-                .out_bytes(),
+                .out_bytes,
             64u * 8u);
 }
 
