@@ -202,9 +202,11 @@ PYBIND11_MODULE(_C, m) {
     nlohmann::json j = replay_json(r.replay_counts());
     j["ops_autograd"] = r.ops_autograd();
     j["ops_below_autograd"] = r.ops_below_autograd();
+    j["values_released_early"] = r.values_released_early();
     return to_python(j);
-  }, "ATen ops the GraphRunner executed through autograd and below it, and what block replay did "
-        "(iterations, items and kernels replayed, blocks recorded and refused), since the process started.");
+  }, "ATen ops the GraphRunner executed through autograd and below it, what block replay did "
+        "(iterations, items and kernels replayed, blocks recorded and refused), and how many values "
+        "it dropped right after their last reader ran, since the process started.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();

@@ -616,6 +616,8 @@ void GraphRunner::loop() {
       }
       try {
         execute(item, next + 1);
+        if (const uint32_t n = release_dead_values(item.args, next + 1))  // placeholder.h
+          released_early_.fetch_add(n, std::memory_order_relaxed);
       } catch (...) {
         error_ = {std::current_exception(), item.node};
         failed_.store(true, std::memory_order_release);

@@ -123,6 +123,8 @@ class GraphRunner {
   uint64_t issue(uint64_t out_bytes = 0);
 
   uint64_t issued() const { return issued_; }
+  // Python thread: items up to this one have dropped their placeholders (reclaim).
+  uint64_t lightened() const { return lightened_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
   // Blocks until every item up to `seq` has been executed (or skipped after an error): a short
   // spin (`spin`), then sleep until the GraphRunner reaches `seq`.
@@ -155,6 +157,8 @@ class GraphRunner {
   // ATen items executed through autograd, and below it (autograd had nothing to record).
   uint64_t ops_autograd() const { return ops_autograd_.load(std::memory_order_relaxed); }
   uint64_t ops_below_autograd() const { return ops_below_autograd_.load(std::memory_order_relaxed); }
+  // Values dropped right after their last reading item ran (placeholder.h: DeadValueWatch).
+  uint64_t values_released_early() const { return released_early_.load(std::memory_order_relaxed); }
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
 
@@ -242,6 +246,7 @@ class GraphRunner {
   std::atomic<uint64_t> busy_ns_{0};
   std::atomic<uint64_t> ops_autograd_{0}, ops_below_autograd_{0};
   std::atomic<uint64_t> sequence_{0};
+  std::atomic<uint64_t> released_early_{0};
   // Written now and then (per iteration, per wait, at a failure):
   // Sequence number of the first item of the iteration the GraphRunner is in (reclaim stops
   // before it); kNoHold between iterations.

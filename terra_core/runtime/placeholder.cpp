@@ -1,3 +1,5 @@
+#include <Python.h>  // reference counts of placeholders' objects (DeadValueWatch), never a call
+
 #include "placeholder.h"
 
 #include <torch/csrc/autograd/variable.h>
@@ -125,6 +127,86 @@ at::Tensor resolve_placeholder(const at::Tensor& t) {
 
 c10::IValue resolve_placeholders(const c10::IValue& v) {
   return map_tensors(v, [](const at::Tensor& t) { return resolve_placeholder(t); });
+}
+
+namespace {
+
+template <typename F>
+void for_each_argument_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList())) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
+}  // namespace
+
+void DeadValueWatch::watch(const torch::jit::Stack& args, uint64_t seq) {
+  for (const c10::IValue& v : args) {
+    for_each_argument_tensor(v, [&](const at::Tensor& t) {
+      PlaceholderImpl* p = t.defined() ? as_placeholder(t) : nullptr;
+      if (!p) return;
+      p->set_last_use(seq);
+      if (n_ < kSize) entries_[n_++] = Entry{p, seq, 0};
+    });
+  }
+}
+
+void DeadValueWatch::check(uint64_t lightened) {
+  size_t kept = 0;
+  for (size_t i = 0; i < n_; ++i) {
+    Entry e = entries_[i];
+    if (e.seq <= lightened) continue;          // its item was dropped: the placeholder may be gone
+    if (e.p->last_use() != e.seq) continue;    // read again by a later item: watched there
+    if (only_reader_holds(*e.p, lightened)) {
+      e.p->slot()->release_after.store(e.seq, std::memory_order_release);
+      continue;
+    }
+    if (++e.checks < kChecks) entries_[kept++] = e;
+  }
+  n_ = kept;
+}
+
+bool DeadValueWatch::only_reader_holds(PlaceholderImpl& p, uint64_t lightened) {
+  const std::shared_ptr<Slot>& slot = p.slot();
+  if (!slot || !slot->runner_allocated || p.filled()) return false;
+  // The item's reference, and the one the tensor's Python object holds, if it has one (which,
+  // with another C++ reference alive, holds the object in turn: torch's PyObject preservation).
+  const uint32_t refs = c10::raw::intrusive_ptr::use_count(&p);
+  PyObject* obj = p.pyobj_slot()->load_pyobj();
+  if (obj) {
+    if (refs != 2 || Py_REFCNT(obj) != 1) return false;
+    const Py_ssize_t weaklist = Py_TYPE(obj)->tp_weaklistoffset;
+    if (weaklist <= 0 || *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + weaklist))
+      return false;
+  } else if (refs != 1) {
+    return false;
+  }
+  // The slot: this placeholder (and its alias group, which shares the slot's ownership), and the
+  // producing item until it was dropped. Anything else (a detached copy, a view's group, the
+  // GraphRunner's own copy) means another reader.
+  const long expected = 1 + (p.group().get() == &slot->group ? 1 : 0) + (slot->seq > lightened ? 1 : 0);
+  return slot.use_count() == expected;
+}
+
+uint32_t release_dead_values(const torch::jit::Stack& args, uint64_t seq) {
+  uint32_t released = 0;
+  for (const c10::IValue& v : args) {
+    for_each_argument_tensor(v, [&](const at::Tensor& t) {
+      const PlaceholderImpl* p = t.defined() ? as_placeholder(t) : nullptr;
+      Slot* slot = p ? p->slot().get() : nullptr;
+      if (!slot || slot->release_after.load(std::memory_order_acquire) != seq) return;
+      // A value with a Python object of its own is not the GraphRunner's to drop (its last
+      // reference but one would take the GIL); kernel outputs have none.
+      if (slot->value.defined() && !slot->value.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj()) {
+        slot->value = at::Tensor();
+        ++released;
+      }
+    });
+  }
+  return released;
 }
 
 }  // namespace terra::runtime

@@ -11,6 +11,7 @@
 
 #include <ATen/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
@@ -40,6 +41,9 @@ struct Slot {
   // `value` is a kernel's output, allocated in the GraphRunner thread: when the slot dies in a
   // thread with a value graveyard, the value goes there instead of being freed at once.
   bool runner_allocated = false;
+  // The item after which the GraphRunner drops `value`: the last item that reads it, once nothing
+  // but that item can reach the value any more (DeadValueWatch). 0: not known.
+  std::atomic<uint64_t> release_after{0};
   ~Slot();
 };
 
@@ -72,6 +76,9 @@ class PlaceholderImpl final : public c10::TensorImpl {
   // eagerly. Called in the Python thread once the value is ready.
   void become(const at::Tensor& real);
   bool filled() const { return filled_; }
+  // The last work item issued with this placeholder among its arguments (Python thread only).
+  uint64_t last_use() const { return last_use_; }
+  void set_last_use(uint64_t seq) { last_use_ = seq; }
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -93,6 +100,7 @@ class PlaceholderImpl final : public c10::TensorImpl {
   std::shared_ptr<AliasGroup> group_;
   bool detached_;
   bool filled_ = false;
+  uint64_t last_use_ = 0;
 };
 
 // Metadata a placeholder is made from (recorded at trace time).
@@ -144,6 +152,45 @@ c10::IValue map_tensors(const c10::IValue& v, F&& f) {
   }
   return v;
 }
+
+// Values the program dropped before the GraphRunner read them for the last time. Running ahead, the
+// program drops `z` of `z = z + y` while the items that make and read it are still pending; the
+// item that reads it then holds the placeholder, and the value lived until the program dropped
+// that item after it ran, up to 64 items later: a chain of 256x256 adds cycled about 64 buffers
+// of 256 KiB through the caches where eager execution reuses two or three. The program thread
+// watches the placeholders among the arguments of the items it issues; one that only its last
+// reading item still holds (no other C++ reference, no Python reference but the one the tensor
+// keeps to its own object, no Python weak reference, no detached copy or view sharing its slot)
+// can never be read again by anyone, so its slot is marked, and the GraphRunner drops the value
+// right after that item ran, on its own thread, into its own allocator's cache.
+class DeadValueWatch {
+ public:
+  // Python thread, after issuing item `seq` with `args`: watch the placeholders among them.
+  void watch(const torch::jit::Stack& args, uint64_t seq);
+  // Python thread, before the next issue: marks the slots of watched placeholders that only their
+  // last reader still holds (Slot::release_after). `lightened`: the items up to it have been
+  // dropped (GraphRunner::lightened), so their placeholders may be gone.
+  void check(uint64_t lightened);
+  void clear() { n_ = 0; }
+
+ private:
+  struct Entry {
+    PlaceholderImpl* p = nullptr;  // held by item `seq` while seq > lightened
+    uint64_t seq = 0;
+    uint32_t checks = 0;
+  };
+  // A placeholder still in use after kChecks issues is left to the item's reclaim; at most kSize
+  // are watched (the rest are too).
+  static constexpr size_t kSize = 32;
+  static constexpr uint32_t kChecks = 8;
+  static bool only_reader_holds(PlaceholderImpl& p, uint64_t lightened);
+  Entry entries_[kSize];
+  size_t n_ = 0;
+};
+
+// GraphRunner thread, right after running item `seq`: drops the values of the placeholders among
+// `args` marked for release after it; returns how many.
+uint32_t release_dead_values(const torch::jit::Stack& args, uint64_t seq);
 
 // An argument with every placeholder in it (also inside tensor lists) replaced by its value;
 // the values must be ready.

@@ -847,6 +847,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     return;
   }
   GraphRunner& r = runner();
+  dead_.check(r.lightened());  // what the program dropped since the last issue
   WorkItem* item;
   if (r.has_room()) {
     item = &r.next_item();
@@ -949,6 +950,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   item->args.clear();
   item->args.swap(*stack);
   stack->swap(returns);
+  dead_.watch(item->args, seq);
   r.issue(t.out_bytes);
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   if (r.issued() - r.done() > kAheadHigh) {

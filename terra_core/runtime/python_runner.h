@@ -252,6 +252,7 @@ class PythonRunner {
   std::unique_ptr<GraphRunner> runner_;
   FileLabel file_label_;
   std::vector<at::Tensor> graveyard_;  // GraphRunner-made values that died here (placeholder.h)
+  DeadValueWatch dead_;  // placeholders only their last reading item holds (placeholder.h)
   std::map<std::string, std::unique_ptr<Graph>> graphs_;
 };
 

@@ -12,8 +12,23 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
 
+#include <atomic>
 #include <functional>
+#include <thread>
+
+// A kernel that waits until the test opens the gate: the GraphRunner stops there, so the test
+// decides what the program does while the items after it wait.
+static std::atomic<bool> gate_open{false};
+
+TORCH_LIBRARY(terra_test, m) { m.def("gate(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(terra_test, CPU, m) {
+  m.impl("gate", [](const at::Tensor& x) {
+    while (!gate_open.load()) std::this_thread::yield();
+    return x.clone();
+  });
+}
 
 namespace terra::runtime {
 namespace {
@@ -31,6 +46,8 @@ const c10::OperatorHandle& op(const char* name, const char* overload) {
 class Issuer {
  public:
   explicit Issuer(GraphRunner& r) : r_(r) {}
+  // Watch the placeholders among the items' arguments, as the PythonRunner does.
+  void set_watch(DeadValueWatch* w) { watch_ = w; }
 
   void begin_iteration() { ++iteration_; node_ = 0; }
   void end_iteration() { r_.issue_control(OpKind::EndIteration); }
@@ -38,13 +55,16 @@ class Issuer {
   // An ATen op; returns placeholders for its `outputs` tensor outputs (metadata from `like`).
   std::vector<at::Tensor> aten(const c10::OperatorHandle& o, torch::jit::Stack args, bool grad_mode,
                                const std::vector<at::Tensor>& like) {
+    if (watch_) watch_->check(r_.lightened());
     WorkItem& item = fill(OpKind::Aten, std::move(args), grad_mode);
     item.op = &o;
+    if (watch_) watch_->watch(item.args, r_.issued() + 1);
     std::vector<at::Tensor> outs;
     uint64_t bytes = 0;
     for (const at::Tensor& l : like) {
       auto slot = std::make_shared<Slot>();
       slot->seq = r_.issued() + 1;
+      slot->runner_allocated = true;
       outs.push_back(make_placeholder(TensorMeta::of(l), slot, own_group(slot)));
       item.outs.push_back(std::move(slot));
       bytes += l.nbytes();
@@ -95,6 +115,7 @@ class Issuer {
     return item;
   }
   GraphRunner& r_;
+  DeadValueWatch* watch_ = nullptr;
   uint64_t iteration_ = 1000;
   uint32_t node_ = 0;
   uint64_t last_ = 0;
@@ -364,6 +385,69 @@ TEST(GraphRunnerReclaim, ItemsWithLargerOutputsAreDroppedAtOnce) {
   runner.drain();
   runner.reclaim();
   EXPECT_TRUE(slot.expired());
+}
+
+// Item 1 (the gate) makes `a`, item 2 reads it into `b`; then `keep` decides what the program
+// still holds of `a` when it issues item 3 (c = b + x), whose issue checks the watch. Returns
+// `a`'s slot (weakly: a reference of the test's own would keep the value) and `c`.
+struct GatedChain {
+  std::weak_ptr<Slot> a_slot;
+  std::shared_ptr<Slot> b_slot;
+  at::Tensor b, c, kept;
+};
+GatedChain gated_chain(GraphRunner& runner, const at::Tensor& x,
+                       const std::function<at::Tensor(const at::Tensor&)>& keep) {
+  DeadValueWatch watch;
+  Issuer is(runner);
+  is.set_watch(&watch);
+  gate_open = false;
+  GatedChain g;
+  at::Tensor a = is.aten(op("terra_test::gate", ""), {x}, false, {x})[0];
+  g.b = is.aten(op("aten::add", "Tensor"), {a, x, 1}, false, {x})[0];
+  g.a_slot = as_placeholder(a)->slot();
+  g.b_slot = as_placeholder(g.b)->slot();
+  g.kept = keep(a);
+  a = at::Tensor();
+  g.c = is.aten(op("aten::add", "Tensor"), {g.b, x, 1}, false, {x})[0];
+  gate_open = true;
+  runner.drain();
+  return g;
+}
+
+TEST(DeadValues, AValueOnlyItsLastReaderHoldsIsDroppedRightAfterThatReaderRan) {
+  GraphRunner runner;
+  const at::Tensor x = at::randn({64, 64});
+  const uint64_t before = runner.values_released_early();
+  GatedChain g = gated_chain(runner, x, [](const at::Tensor&) { return at::Tensor(); });
+  ASSERT_FALSE(runner.failed());
+  auto a_slot = g.a_slot.lock();
+  ASSERT_TRUE(a_slot) << "item 2 still holds `a` (the test has not reclaimed it)";
+  EXPECT_EQ(a_slot->release_after.load(), 2u);
+  EXPECT_FALSE(a_slot->value.defined());
+  EXPECT_EQ(runner.values_released_early() - before, 1u);
+  EXPECT_TRUE(g.b_slot->value.defined()) << "the program still holds `b`";
+  EXPECT_TRUE(at::equal(resolve_placeholder(g.c), x.clone() + x + x));
+  runner.reclaim(/*all=*/true);
+}
+
+TEST(DeadValues, AValueTheProgramCanStillReachIsKept) {
+  const at::Tensor x = at::randn({64, 64});
+  const std::vector<std::pair<const char*, std::function<at::Tensor(const at::Tensor&)>>> keeps = {
+      {"the placeholder itself", [](const at::Tensor& a) { return a; }},
+      {"a detached copy sharing its slot", [](const at::Tensor& a) { return a.detach(); }},
+  };
+  for (const auto& [what, keep] : keeps) {
+    GraphRunner runner;
+    GatedChain g = gated_chain(runner, x, keep);
+    ASSERT_FALSE(runner.failed());
+    auto a_slot = g.a_slot.lock();
+    ASSERT_TRUE(a_slot);
+    EXPECT_EQ(a_slot->release_after.load(), 0u) << what;
+    EXPECT_TRUE(a_slot->value.defined()) << what;
+    EXPECT_EQ(runner.values_released_early(), 0u) << what;
+    EXPECT_TRUE(at::equal(resolve_placeholder(g.kept), x)) << what;
+    runner.reclaim(/*all=*/true);
+  }
 }
 
 }  // namespace
