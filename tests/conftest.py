@@ -6,5 +6,9 @@ the kernels and child processes the tests start); tests/python/test_payoff.py tu
 with margins that force each choice.
 """
 import os
+import tempfile
 
 os.environ.setdefault("TERRA_ADAPTIVE", "0")
+# One-thread verdicts (terra_core/runtime/verdicts.h) persist across processes in a cache file; the
+# suite keeps its own, new for every run, so no test depends on what an earlier run checked.
+os.environ.setdefault("TERRA_CACHE_DIR", tempfile.mkdtemp(prefix="terra-test-cache-"))

@@ -14,6 +14,7 @@
 #include "graph.h"
 #include "python_runner.h"
 #include "timeline.h"
+#include "verdicts.h"
 #include "python_stack.h"
 #include "terra/version.h"
 
@@ -203,10 +204,13 @@ PYBIND11_MODULE(_C, m) {
     j["ops_autograd"] = r.ops_autograd();
     j["ops_below_autograd"] = r.ops_below_autograd();
     j["values_released_early"] = r.values_released_early();
+    j["verdict_cache"] = terra::runtime::Verdicts::process().path();
+    j["verdicts_loaded"] = terra::runtime::Verdicts::process().loaded();
     return to_python(j);
   }, "ATen ops the GraphRunner executed through autograd and below it, what block replay did "
         "(iterations, items and kernels replayed, blocks recorded and refused), and how many values "
-        "it dropped right after their last reader ran, since the process started.");
+        "it dropped right after their last reader ran, since the process started; the one-thread "
+        "verdict cache file (verdict_cache, \"\" when off) and how many verdicts it held when read.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();

@@ -6,6 +6,7 @@
 #include "openmp_team.h"
 #include "placeholder.h"
 #include "terra/location_key.h"
+#include "verdicts.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -61,7 +62,7 @@ bool decomposes(const c10::OperatorHandle& op, c10::DispatchKeySet keys) {
 }
 
 // Whether a kernel with these arguments is known to give the program's bits with one thread
-// (Verdicts, below).
+// (verdicts.h).
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack);
 
 // A kernel call the hook handles: the calls it makes pass through.
@@ -290,7 +291,7 @@ struct BlockRecorder::Impl {
   // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
   // and the CPU generator's state before it ran.
   bool checking = false;
-  uint64_t check_key = 0;  // the kernel's signature (Verdicts)
+  uint64_t check_key = 0;  // the kernel's signature (verdicts.h)
   uint64_t checked = 0, reused = 0;
   torch::jit::Stack copies;
   torch::jit::Stack originals;  // its arguments, as the kernel leaves them
@@ -448,9 +449,17 @@ namespace {
 // count it is compared with, the process-wide settings that choose kernels (deterministic
 // algorithms, oneDNN on or off), and each argument's type and geometry (dtype, device, sizes,
 // strides) or value (numbers, flags, dims); not the tensors' data (see Block::one_thread).
+// The same in every process (verdicts.h keeps verdicts across processes): the operator by name.
+uint64_t operator_hash(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, uint64_t> known;
+  auto [it, added] = known.try_emplace(&op.schema(), 0);
+  if (added) it->second = std::hash<std::string>{}(c10::toString(op.operator_name()));
+  return it->second;
+}
+
 uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet keys, int threads,
                           c10::ArrayRef<c10::IValue> args) {
-  uint64_t h = terra::hash_combine(reinterpret_cast<uintptr_t>(&op.schema()), keys.raw_repr());
+  uint64_t h = terra::hash_combine(operator_hash(op), keys.raw_repr());
   h = terra::hash_combine(h, static_cast<uint64_t>(threads));
   const auto& context = at::globalContext();
   h = terra::hash_combine(h, (context.deterministicAlgorithms() ? 1u : 0u) |
@@ -491,31 +500,6 @@ uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet key
   }
   return h == 0 ? 1 : h;
 }
-
-// One-thread verdicts per kernel signature, for the process: a kernel found to give the same bits
-// with one thread (or not) is not run three more times on copies at each recording (about 55 µs
-// per kernel of a small MLP, corpus p01: 3.6 ms of the first co-executed iteration).
-class Verdicts {
- public:
-  static Verdicts& process() {
-    static Verdicts* v = new Verdicts();  // never destroyed: recordings may run at exit
-    return *v;
-  }
-  std::optional<bool> find(uint64_t key) {  // key 0: a kernel without a signature, never known
-    if (key == 0) return std::nullopt;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = same_.find(key);
-    return it == same_.end() ? std::nullopt : std::optional<bool>(it->second);
-  }
-  void store(uint64_t key, bool same) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    same_[key] = same;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<uint64_t, bool> same_;
-};
 
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();

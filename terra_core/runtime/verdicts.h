@@ -1,0 +1,58 @@
+// One-thread verdicts: whether a kernel, called with given argument geometry, gives the same bits
+// with one intra-op thread as with the program's count (block_replay.h: Block::one_thread).
+//
+// A recording checks each kernel it has no verdict for by running it three more times on copies
+// of its arguments; on a small convolutional network that was 90-110 ms of the first co-executed
+// iteration (8 eager steps). Verdicts are kept for the process, and in a file per machine and
+// PyTorch build, so a program run again (a notebook restarted and run again, a script launched
+// again) records its blocks without checking what an earlier run checked. The file's name holds a
+// fingerprint of what a verdict depends on besides the signature: PyTorch's build configuration
+// (version, compiler, BLAS and oneDNN versions, the CPU capability its kernels dispatch to), the
+// CPU model and its feature flags, and the check's own format version.
+//
+// Where: $TERRA_CACHE_DIR, else $XDG_CACHE_HOME/terra, else ~/.cache/terra; TERRA_CACHE_DIR=0
+// turns the file off (verdicts then last for the process only). A file that cannot be read or
+// written is ignored: the kernels are checked as before.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace terra::runtime {
+
+class Verdicts {
+ public:
+  // The process's verdicts, read from the cache file on first use.
+  static Verdicts& process();
+  // Key 0: a kernel without a signature (never known).
+  std::optional<bool> find(uint64_t key);
+  // Records a verdict, and appends it to the cache file.
+  void store(uint64_t key, bool same);
+  // The cache file ("" when off or unusable), and how many verdicts it held when read.
+  std::string path();
+  uint64_t loaded();
+
+  // Tests: a table on its own file ("" for none), read at once.
+  explicit Verdicts(std::string file);
+  ~Verdicts();
+  Verdicts(const Verdicts&) = delete;
+  Verdicts& operator=(const Verdicts&) = delete;
+
+  // The cache file for this machine and PyTorch build under `dir` ("" when `dir` is empty).
+  static std::string file_in(const std::string& dir);
+  // $TERRA_CACHE_DIR, $XDG_CACHE_HOME/terra, ~/.cache/terra; "" when turned off.
+  static std::string default_dir();
+
+ private:
+  void read();
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, bool> same_;
+  std::string path_;
+  int fd_ = -1;  // the file, opened for appending
+  uint64_t loaded_ = 0;
+};
+
+}  // namespace terra::runtime
