@@ -73,18 +73,25 @@ Verdicts& Verdicts::process() {
   return *v;
 }
 
-Verdicts::Verdicts(std::string file) : path_(std::move(file)) { read(); }
+Verdicts::Verdicts(std::string file, uint64_t max_bytes) : path_(std::move(file)) { read(max_bytes); }
 
 Verdicts::~Verdicts() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Verdicts::read() {
+void Verdicts::read(uint64_t max_bytes) {
   if (path_.empty()) return;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path_).parent_path(), ec);
   fd_ = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
+    path_.clear();
+    return;
+  }
+  const off_t size = ::lseek(fd_, 0, SEEK_END);
+  if (size > static_cast<off_t>(max_bytes) && ::ftruncate(fd_, 0) != 0) {
+    ::close(fd_);
+    fd_ = -1;
     path_.clear();
     return;
   }

@@ -35,8 +35,11 @@ class Verdicts {
   std::string path();
   uint64_t loaded();
 
-  // Tests: a table on its own file ("" for none), read at once.
-  explicit Verdicts(std::string file);
+  // A table on its own file ("" for none), read at once. A file grown past `max_bytes` (every
+  // distinct kernel signature adds 16 bytes: programs with ever-new shapes keep adding) is
+  // emptied and started again: the verdicts are only a cache.
+  static constexpr uint64_t kMaxFileBytes = 16ull << 20;
+  explicit Verdicts(std::string file, uint64_t max_bytes = kMaxFileBytes);
   ~Verdicts();
   Verdicts(const Verdicts&) = delete;
   Verdicts& operator=(const Verdicts&) = delete;
@@ -47,7 +50,7 @@ class Verdicts {
   static std::string default_dir();
 
  private:
-  void read();
+  void read(uint64_t max_bytes);
   std::mutex mutex_;
   std::unordered_map<uint64_t, bool> same_;
   std::string path_;

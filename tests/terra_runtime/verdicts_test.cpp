@@ -48,6 +48,21 @@ TEST(Verdicts, ForeignAndTornRecordsAreSkipped) {
   EXPECT_EQ(v.find(7), std::optional<bool>(true));
 }
 
+TEST(Verdicts, AFileGrownPastItsLimitStartsAgain) {
+  const std::string file = Verdicts::file_in(fresh_dir("limit"));
+  {
+    Verdicts v(file);
+    for (uint64_t k = 1; k <= 5; ++k) v.store(k, true);  // 80 bytes
+  }
+  EXPECT_EQ(Verdicts(file, /*max_bytes=*/96).loaded(), 5u);
+  Verdicts emptied(file, /*max_bytes=*/64);
+  EXPECT_EQ(emptied.loaded(), 0u);
+  EXPECT_FALSE(emptied.find(1).has_value());
+  EXPECT_EQ(std::filesystem::file_size(file), 0u);
+  emptied.store(9, false);
+  EXPECT_EQ(Verdicts(file).find(9), std::optional<bool>(false));
+}
+
 TEST(Verdicts, NoDirectoryMeansNoFile) {
   EXPECT_EQ(Verdicts::file_in(""), "");
   Verdicts v("");
