@@ -43,8 +43,22 @@ std::string cpu_identity() {
   return out;
 }
 
+// Settings read from the environment that choose kernel code paths without showing in
+// `at::show_config()`.
+std::string kernel_environment() {
+  std::string out;
+  for (const char* name : {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
+                           "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_CPU_ISA_HINTS",
+                           "ONEDNN_CPU_ISA_HINTS", "OPENBLAS_CORETYPE"}) {
+    const char* value = std::getenv(name);
+    out += std::string(name) + "=" + (value ? value : "") + "\n";
+  }
+  return out;
+}
+
 uint64_t fingerprint() {
   uint64_t h = terra::hash_combine(kFormat, hash_string(at::show_config()));
+  h = terra::hash_combine(h, hash_string(kernel_environment()));
   return terra::hash_combine(h, hash_string(cpu_identity()));
 }
 

@@ -8,7 +8,8 @@
 // again) records its blocks without checking what an earlier run checked. The file's name holds a
 // fingerprint of what a verdict depends on besides the signature: PyTorch's build configuration
 // (version, compiler, BLAS and oneDNN versions, the CPU capability its kernels dispatch to), the
-// CPU model and its feature flags, and the check's own format version.
+// environment variables that choose MKL's, oneDNN's and ATen's code paths (MKL_CBWR,
+// DNNL_MAX_CPU_ISA...), the CPU model and its feature flags, and the check's own format version.
 //
 // Where: $TERRA_CACHE_DIR, else $XDG_CACHE_HOME/terra, else ~/.cache/terra; TERRA_CACHE_DIR=0
 // turns the file off (verdicts then last for the process only). A file that cannot be read or

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -61,6 +62,15 @@ TEST(Verdicts, AFileGrownPastItsLimitStartsAgain) {
   EXPECT_EQ(std::filesystem::file_size(file), 0u);
   emptied.store(9, false);
   EXPECT_EQ(Verdicts(file).find(9), std::optional<bool>(false));
+}
+
+TEST(Verdicts, AnEnvironmentVariableThatChoosesKernelsNamesAnotherFile) {
+  const std::string plain = Verdicts::file_in("/x");
+  ::setenv("MKL_CBWR", "COMPATIBLE", 1);
+  const std::string reproducible = Verdicts::file_in("/x");
+  ::unsetenv("MKL_CBWR");
+  EXPECT_NE(plain, reproducible);
+  EXPECT_EQ(plain, Verdicts::file_in("/x"));
 }
 
 TEST(Verdicts, NoDirectoryMeansNoFile) {
