@@ -445,11 +445,7 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
 
 namespace {
 
-// What a kernel's one-thread check depends on: the operator and its dispatch keys, the thread
-// count it is compared with, the process-wide settings that choose kernels (deterministic
-// algorithms, oneDNN on or off), and each argument's type and geometry (dtype, device, sizes,
-// strides) or value (numbers, flags, dims); not the tensors' data (see Block::one_thread).
-// The same in every process (verdicts.h keeps verdicts across processes): the operator by name.
+// An operator by its name, the same in every process (a schema's address is not).
 uint64_t operator_hash(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, uint64_t> known;
   auto [it, added] = known.try_emplace(&op.schema(), 0);
@@ -457,6 +453,11 @@ uint64_t operator_hash(const c10::OperatorHandle& op) {
   return it->second;
 }
 
+// What a kernel's one-thread check depends on: the operator and its dispatch keys, the thread
+// count it is compared with, the process-wide settings that choose kernels (deterministic
+// algorithms, oneDNN on or off), and each argument's type and geometry (dtype, device, sizes,
+// strides) or value (numbers, flags, dims); not the tensors' data (see Block::one_thread).
+// The same in every process (verdicts.h keeps verdicts across processes): operators by name.
 uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet keys, int threads,
                           c10::ArrayRef<c10::IValue> args) {
   uint64_t h = terra::hash_combine(operator_hash(op), keys.raw_repr());

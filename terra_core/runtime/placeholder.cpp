@@ -129,23 +129,9 @@ c10::IValue resolve_placeholders(const c10::IValue& v) {
   return map_tensors(v, [](const at::Tensor& t) { return resolve_placeholder(t); });
 }
 
-namespace {
-
-template <typename F>
-void for_each_argument_tensor(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList() || (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList())) {
-    for (const c10::IValue& e : v.toListRef())
-      if (e.isTensor()) f(e.toTensor());
-  }
-}
-
-}  // namespace
-
 void DeadValueWatch::watch(const torch::jit::Stack& args, uint64_t seq) {
   for (const c10::IValue& v : args) {
-    for_each_argument_tensor(v, [&](const at::Tensor& t) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
       PlaceholderImpl* p = t.defined() ? as_placeholder(t) : nullptr;
       if (!p) return;
       p->set_last_use(seq);
@@ -194,7 +180,7 @@ bool DeadValueWatch::only_reader_holds(PlaceholderImpl& p, uint64_t lightened) {
 uint32_t release_dead_values(const torch::jit::Stack& args, uint64_t seq) {
   uint32_t released = 0;
   for (const c10::IValue& v : args) {
-    for_each_argument_tensor(v, [&](const at::Tensor& t) {
+    for_each_tensor(v, [&](const at::Tensor& t) {
       const PlaceholderImpl* p = t.defined() ? as_placeholder(t) : nullptr;
       Slot* slot = p ? p->slot().get() : nullptr;
       if (!slot || slot->release_after.load(std::memory_order_acquire) != seq) return;

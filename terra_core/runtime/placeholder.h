@@ -132,6 +132,18 @@ inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
 at::Tensor placeholder_value(const PlaceholderImpl& p);
 // A tensor, or the value of the placeholder it is (ready).
 at::Tensor resolve_placeholder(const at::Tensor& t);
+// Calls `f` on every tensor in `v` (alone, in a tensor list, in a list such as Tensor?[]), read in
+// place: no reference count moves.
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) f(e.toTensor());
+  }
+}
+
 // `v` with every tensor in it (alone, in a tensor list, in a list such as Tensor?[]) replaced by
 // `f(tensor)`; anything else as it is.
 template <typename F>
@@ -171,7 +183,6 @@ class DeadValueWatch {
   // last reader still holds (Slot::release_after). `lightened`: the items up to it have been
   // dropped (GraphRunner::lightened), so their placeholders may be gone.
   void check(uint64_t lightened);
-  void clear() { n_ = 0; }
 
  private:
   struct Entry {

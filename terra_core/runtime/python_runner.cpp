@@ -62,18 +62,6 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
   PythonRunner::instance().on_aten(op, ks, stack);
 }
 
-template <typename F>
-void for_each_tensor(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toList())
-      if (e.isTensor()) f(e.toTensor());
-  }
-}
-
 // A real 0-d CPU tensor outside autograd: a host scalar candidate.
 bool host_scalar(const at::Tensor& t) {
   return t.defined() && t.dim() == 0 && t.device().is_cpu() && !t.requires_grad() &&

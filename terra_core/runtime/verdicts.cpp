@@ -109,10 +109,9 @@ void Verdicts::read(uint64_t max_bytes) {
     path_.clear();
     return;
   }
-  std::vector<Record> records;
-  Record r;
-  while (::pread(fd_, &r, sizeof r, static_cast<off_t>(records.size() * sizeof r)) == sizeof r)
-    records.push_back(r);
+  std::vector<Record> records(static_cast<size_t>(size) / sizeof(Record));
+  const ssize_t got = ::pread(fd_, records.data(), records.size() * sizeof(Record), 0);
+  records.resize(got > 0 ? static_cast<size_t>(got) / sizeof(Record) : 0);
   for (const Record& rec : records) {
     if ((rec.tagged & ~uint64_t{1}) != kTag || rec.key == 0) continue;
     same_[rec.key] = rec.tagged & 1;
