@@ -1116,7 +1116,7 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
-void BlockReplayer::run(WorkItem& item) {
+void BlockReplayer::run(WorkItem& item, const std::function<bool()>& program_waits) {
   const Block& block = *block_;
   const ItemPlan& p = block.items[next_++];
   load(p, item);
@@ -1144,7 +1144,7 @@ void BlockReplayer::run(WorkItem& item) {
           }
         }
         at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-        const int threads = k.one_thread ? 1 : item.num_threads;
+        const int threads = k.one_thread && !(program_waits && program_waits()) ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
         {
           at::AutoDispatchBelowADInplaceOrView below;

@@ -496,7 +496,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
-  b.replayer.run(item);  // each kernel with one thread or the program's (RecordedKernel::one_thread)
+  b.replayer.run(item, [this] { return python_blocked(); });  // threads per kernel: see run_per_op
   if (p.kind == OpKind::Backward && b.bound) {
     // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
     // tensors are freed.
@@ -705,7 +705,7 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
   const bool all = known != b.one_thread_items.end() && known->second;
   b.items_one_thread += all;
-  use_threads(all ? 1 : item.num_threads);
+  use_threads(all && !python_blocked() ? 1 : item.num_threads);
   run_per_op(item, nullptr, /*per_kernel_threads=*/!all);
 }
 
