@@ -34,6 +34,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"replays_left", c.left},              {"replay_left_why", c.last_left},
           {"grad_reads_between_replayed_items", c.extra_reads},
           {"bound_kernels_one_thread", c.bound_one_thread},
+          {"kernels_spread_while_waited", c.spread},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
           {"items_one_thread_per_op", c.one_thread_per_op}};

@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/node.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -118,11 +119,13 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   }
   Nested nested;
   r->kernel_begin(op, below, *stack);
+  const auto start = std::chrono::steady_clock::now();
   {
     OneThread threads(r->one_thread_known());
     op.redispatchBoxed(below, stack);
   }
-  r->kernel_end(*stack);
+  r->kernel_end(*stack, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start).count());
   r->check_one_thread(op, below, *stack);
 }
 
@@ -509,6 +512,14 @@ bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, c
   return Verdicts::process().find(key).value_or(false);
 }
 
+// As many elements as ATen's intra-op grain size: an elementwise kernel or a reduction this size
+// runs a parallel region when it has more than one thread.
+bool large_for_threads(const c10::IValue& v) {
+  bool large = false;
+  for_each_tensor(v, [&](const at::Tensor& t) { large = large || (t.defined() && t.numel() >= at::internal::GRAIN_SIZE); });
+  return large;
+}
+
 }  // namespace
 
 void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -522,6 +533,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   RecordedKernel k;
   k.op = &op;
   k.keys = keys;
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
   // autograd may have kept them for the backward (then they are guarded instead).
@@ -693,11 +705,14 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   if (m.check_key != 0) Verdicts::process().store(m.check_key, same);
 }
 
-void BlockRecorder::kernel_end(const torch::jit::Stack& stack) {
+void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) {
   if (refused()) return;
   Impl& m = *impl_;
   RecordedKernel& k = m.block.kernels.back();
   TORCH_INTERNAL_ASSERT(stack.size() >= k.outs);
+  // From kernel_begin, k.spread says whether an argument is large.
+  for (uint32_t i = 0; i < k.outs; ++i) k.spread = k.spread || large_for_threads(stack[stack.size() - k.outs + i]);
+  k.spread = k.spread && ran_ns >= RecordedKernel::kSpreadNs;
   k.first_out = m.block.table_size;
   for (uint32_t i = 0; i < k.outs; ++i) {
     const c10::IValue& v = stack[stack.size() - k.outs + i];
@@ -1144,7 +1159,9 @@ void BlockReplayer::run(WorkItem& item, const std::function<bool()>& program_wai
           }
         }
         at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-        const int threads = k.one_thread && !(program_waits && program_waits()) ? 1 : item.num_threads;
+        const bool spread = k.one_thread && k.spread && item.num_threads > 1 && program_waits && program_waits();
+        spread_ += spread;
+        const int threads = k.one_thread && !spread ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
         {
           at::AutoDispatchBelowADInplaceOrView below;

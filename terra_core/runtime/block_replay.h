@@ -75,10 +75,14 @@ struct RecordedKernel {
   std::vector<uint32_t> written;    // arguments the schema marks as written (version bump)
   bool view = false;                // returns alias argument 0: share its version counter
   // Gave the same bits with one intra-op thread as with the program's count (checked while
-  // recorded): replayed with one while the program thread runs Python beside it, with the
-  // program's while the program thread waits for the GraphRunner (BlockReplayer::run); else
-  // always with the program's.
+  // recorded): replayed with one, except a long kernel while the program thread waits for the
+  // GraphRunner (BlockReplayer::run); else always with the program's.
   bool one_thread = true;
+  // Worth the program's intra-op threads while the program thread waits: it ran for at least
+  // kSpreadNs when recorded and a tensor of its call has at least ATen's grain size of elements
+  // (the time alone is no guide: a kernel's first call can take 50 us and its next ones 2).
+  bool spread = false;
+  static constexpr uint64_t kSpreadNs = 50'000;
   std::vector<uint32_t> release;    // table entries last read by this kernel
 };
 
@@ -162,7 +166,7 @@ class BlockRecorder {
   void before_backward(const std::vector<at::Tensor>& roots, bool retain_graph, bool create_graph);
   void after_backward();
   void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args);
-  void kernel_end(const torch::jit::Stack& returns);
+  void kernel_end(const torch::jit::Stack& returns, uint64_t ran_ns = 0);
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
   // After kernel_begin: the kernel is known, from an earlier recording in this process, to give
@@ -215,13 +219,17 @@ class BlockReplayer {
   // and Backward items from `next()` to `index`.
   bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
-  // `program_waits()`, asked before each kernel that gives the program's bits with one intra-op
-  // thread: whether the program thread waits for the GraphRunner, leaving its core to the
-  // kernel's other threads (then the kernel runs with the program's count, as eagerly; else with
-  // one, leaving that core to the program's Python). Measured with the program thread sleeping
-  // up to 512 ops ahead (forced co-execution, 3 interleaved rounds of fresh processes, ms per
-  // step, one thread always -> by this): resnet 9.3 -> 7.0, dcgan 8.0 -> 6.9, gpt 10.9 -> 8.3
-  // (eager 7.4, 6.5, 8.2).
+  // `program_waits()`, asked before each long kernel (RecordedKernel::spread) that gives the
+  // program's bits with one intra-op thread: whether the program thread waits for the
+  // GraphRunner, leaving its core to the kernel's other threads (then the kernel runs with the
+  // program's count, as eagerly; else with one, leaving that core to the program's Python).
+  // Measured with every such kernel, long or short, the program thread sleeping up to 512 ops
+  // ahead (forced co-execution, 3 interleaved rounds of fresh processes, ms per step, one thread
+  // always -> by this): resnet 9.3 -> 7.0, dcgan 8.0 -> 6.9, gpt 10.9 -> 8.3 (eager 7.4, 6.5,
+  // 8.2). Short kernels stay on one: a parallel region wakes the OpenMP worker, which then spins
+  // on the core the program's Python needs once it resumes (corpus p05, p06, p09, whole program
+  // against eager: 1.18 -> 1.97, 0.88 -> 1.26, 0.73 -> 0.92, p05 then run eagerly by the payoff
+  // check; p01, whose mse_loss took 53 us when recorded, 1.13 -> 2.47 by time alone).
   void run(WorkItem& item, const std::function<bool()>& program_waits = {});
   // Binding: the next item (which must follow) runs through autograd as usual (`execute`), and
   // the backend kernels it reaches are matched, in order, with the recorded ones, their outputs
@@ -240,6 +248,8 @@ class BlockReplayer {
   uint64_t kernels() const { return kernels_; }
   // Kernels of bound items (bind) run with one thread where their recording found the same bits.
   uint64_t bound_one_thread() const { return bound_one_thread_; }
+  // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
+  uint64_t spread() const { return spread_; }
 
  private:
   c10::IValue value(const Ref& r) const;
@@ -256,6 +266,7 @@ class BlockReplayer {
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> freed_;
   uint64_t kernels_ = 0;
   uint64_t bound_one_thread_ = 0;
+  uint64_t spread_ = 0;
 };
 
 }  // namespace terra::runtime

@@ -149,6 +149,7 @@ struct BlockStore {
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
   uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
+  uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
@@ -375,6 +376,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.bound += c.bound;
     total.extra_reads += c.extra_reads;
     total.bound_one_thread += c.bound_one_thread;
+    total.spread += c.spread;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -386,8 +388,9 @@ void GraphRunner::flush_counts() {
   BlockStore& b = *blocks_;
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
   const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
+  const uint64_t spread = b.replayer.spread() - b.spread_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0 && bound_one_thread == 0)
+      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -400,6 +403,8 @@ void GraphRunner::flush_counts() {
   b.kernels_counted = b.replayer.kernels();
   c.bound_one_thread += bound_one_thread;
   b.bound_one_thread_counted = b.replayer.bound_one_thread();
+  c.spread += spread;
+  b.spread_counted = b.replayer.spread();
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
@@ -705,7 +710,7 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
   const bool all = known != b.one_thread_items.end() && known->second;
   b.items_one_thread += all;
-  use_threads(all && !python_blocked() ? 1 : item.num_threads);
+  use_threads(all ? 1 : item.num_threads);
   run_per_op(item, nullptr, /*per_kernel_threads=*/!all);
 }
 

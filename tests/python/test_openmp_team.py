@@ -36,6 +36,7 @@ PROGRAM = textwrap.dedent("""
             loss = (big @ w).relu().mean()   # intra-op parallel in whichever thread runs it
             loss.backward()
             opt.step()
+            float(loss)                      # the GraphRunner has run this step's matmul
             during.append(threads())
 
     terra.run(train, 12)

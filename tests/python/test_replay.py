@@ -99,6 +99,41 @@ def test_a_fetch_before_the_backward_runs_the_forward_through_autograd():
     assert s["items_bound"] >= 5 and s["iterations_replayed"] >= 5, s
 
 
+def conv_train(steps):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 4, (16,))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())  # the program waits here for the GraphRunner
+    return model, losses
+
+
+def test_long_kernels_run_with_the_programs_threads_while_the_program_waits():
+    # A kernel that gives the program's bits with one thread is replayed with one while the
+    # program's Python runs beside it; while the program thread waits (here at `.item()`), a long
+    # one (a 16x16x32x32 convolution) runs with the program's count, as eagerly. Same bits
+    # either way.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (me, le), (mc, lc) = conv_train(15), terra.run(conv_train, 15)
+    finally:
+        torch.set_num_threads(threads)
+    assert le == lc
+    assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters()))
+    s = terra.stats("conv_train")
+    assert s["iterations_replayed"] >= 5, s
+    assert s["kernels_spread_while_waited"] >= s["iterations_replayed"], s
+
+
 def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():
     eager_keep, coexec_keep = [], []
     train(12, keep=eager_keep)
