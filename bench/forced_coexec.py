@@ -1,0 +1,121 @@
+"""Co-executed steps of the benchmark programs, the payoff check off, against eager, each in a
+fresh process, in interleaved rounds; optionally a second Terra build (`--base`) beside this one.
+
+bench/run.py times what a user gets: the payoff check runs each graph in the faster mode, so a
+program whose co-execution lost shows eager's time plus the check's. This script times
+co-execution itself (TERRA_ADAPTIVE=0), which is what an engine change moves, and reads each
+thread's CPU time: the program thread's, and the others' together (the GraphRunner and any
+OpenMP worker). Per child: the program's `make(0)`, 10 warm-up steps, then 5 timed runs of
+`--steps` steps; medians.
+
+    .venv/bin/python bench/forced_coexec.py [--base /tmp/base/build/python] [--rounds 3] \\
+        [--out bench/results/forced_coexec] resnet dcgan gpt
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def other_threads_cpu_s():
+    """CPU seconds of every thread of this process but the calling one (/proc schedstat)."""
+    me = str(__import__("threading").get_native_id())
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total * 1e-9
+
+
+def child(name, mode, steps):
+    sys.path.insert(0, str(ROOT))
+    import importlib
+    import torch
+    torch.set_num_threads(2)
+    prog = importlib.import_module("bench.programs." + name)
+    state = prog.make(0)
+    if mode == "terra":
+        import terra
+        run = lambda k: terra.run(prog.train, state, k)  # noqa: E731
+    else:
+        run = lambda k: prog.train(state, k)  # noqa: E731
+    run(10)
+    rows = []
+    for _ in range(5):
+        o0, c0, t0 = other_threads_cpu_s(), time.thread_time(), time.perf_counter()
+        run(steps)
+        rows.append(((time.perf_counter() - t0) / steps * 1e3, (time.thread_time() - c0) / steps * 1e3,
+                     (other_threads_cpu_s() - o0) / steps * 1e3))
+    out = {k: statistics.median(r[i] for r in rows) for i, k in enumerate(("wall", "program", "others"))}
+    if mode == "terra":
+        s = terra.stats("train")
+        out["replayed"] = s["iterations_replayed"]
+        out["spread"] = s.get("kernels_spread_while_waited", 0)
+    print(json.dumps(out))
+
+
+def spawn(name, mode, steps, pythonpath=None):
+    env = dict(os.environ, TERRA_ADAPTIVE="0")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, __file__, "--child", name, mode, str(steps)], env=env,
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    if out.returncode:
+        raise SystemExit(f"{name} ({mode}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("programs", nargs="*", default=["resnet", "dcgan", "gpt", "hf_bert"])
+    ap.add_argument("--base", help="PYTHONPATH of a baseline build's terra package")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", help="write <out>.json and <out>.md")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child[0], args.child[1], int(args.child[2]))
+    builds = [("this", None)] + ([("base", args.base)] if args.base else [])
+    runs = {}
+    for _ in range(args.rounds):
+        for name in args.programs:
+            runs.setdefault((name, "eager"), []).append(spawn(name, "eager", args.steps))
+            for label, path in builds:
+                runs.setdefault((name, label), []).append(spawn(name, "terra", args.steps, path))
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    lines = ["# Forced co-execution against eager (bench/forced_coexec.py)", "",
+             f"{time.strftime('%Y-%m-%dT%H:%M:%S')}, {args.rounds} interleaved rounds of fresh processes, "
+             f"{args.steps} steps x 5 timed runs per process, medians; TERRA_ADAPTIVE=0; ms per step. "
+             "program: the program thread's CPU; others: every other thread's CPU (GraphRunner, "
+             "OpenMP workers)." + (f" base: {args.base}" if args.base else ""), "",
+             "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} / eager"
+                                                   for b, _ in builds) + " |",
+             "|---|---:|" + "---:|---:|---:|---:|" * len(builds)]
+    for name in args.programs:
+        e = med(runs[(name, "eager")], "wall")
+        cells = []
+        for label, _ in builds:
+            rs = runs[(name, label)]
+            cells += [f"{med(rs, 'wall'):.2f}", f"{med(rs, 'program'):.2f}", f"{med(rs, 'others'):.2f}",
+                      f"{med(rs, 'wall') / e:.2f}"]
+        lines.append(f"| {name} | {e:.2f} | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".json").write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in runs.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
