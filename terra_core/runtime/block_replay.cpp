@@ -1088,10 +1088,13 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
   }
   const RecordedKernel& k = block_->kernels[bind_cursor_++];
   {
-    // With one thread where its recording found the same bits so, as when replayed: a bound
+    // With one thread where its recording found the same bits so, as when replayed (a bound
     // forward with the program's count ran parallel regions whose spinning OpenMP worker took
-    // the core the program's Python runs on.
-    OneThread threads(k.one_thread);
+    // the core the program's Python runs on), and as when replayed a long one with the
+    // program's count while the program thread waits.
+    const bool spreads = spread(k, at::get_num_threads());  // the item's count (GraphRunner::bind)
+    spread_ += spreads;
+    OneThread threads(k.one_thread && !spreads);
     bound_one_thread_ += threads.active();
     op.redispatchBoxed(keys, stack);
   }
@@ -1131,7 +1134,7 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
-void BlockReplayer::run(WorkItem& item, const std::function<bool()>& program_waits) {
+void BlockReplayer::run(WorkItem& item) {
   const Block& block = *block_;
   const ItemPlan& p = block.items[next_++];
   load(p, item);
@@ -1159,9 +1162,9 @@ void BlockReplayer::run(WorkItem& item, const std::function<bool()>& program_wai
           }
         }
         at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-        const bool spread = k.one_thread && k.spread && item.num_threads > 1 && program_waits && program_waits();
-        spread_ += spread;
-        const int threads = k.one_thread && !spread ? 1 : item.num_threads;
+        const bool spreads = spread(k, item.num_threads);
+        spread_ += spreads;
+        const int threads = k.one_thread && !spreads ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
         {
           at::AutoDispatchBelowADInplaceOrView below;

@@ -219,7 +219,7 @@ class BlockReplayer {
   // and Backward items from `next()` to `index`.
   bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
-  // `program_waits()`, asked before each long kernel (RecordedKernel::spread) that gives the
+  // `program_waits` (set_program_waits), asked before each long kernel (RecordedKernel::spread) that gives the
   // program's bits with one intra-op thread: whether the program thread waits for the
   // GraphRunner, leaving its core to the kernel's other threads (then the kernel runs with the
   // program's count, as eagerly; else with one, leaving that core to the program's Python).
@@ -230,7 +230,9 @@ class BlockReplayer {
   // on the core the program's Python needs once it resumes (corpus p05, p06, p09, whole program
   // against eager: 1.18 -> 1.97, 0.88 -> 1.26, 0.73 -> 0.92, p05 then run eagerly by the payoff
   // check; p01, whose mse_loss took 53 us when recorded, 1.13 -> 2.47 by time alone).
-  void run(WorkItem& item, const std::function<bool()>& program_waits = {});
+  void run(WorkItem& item);
+  // Whether the program thread waits for the GraphRunner (see run; bound kernels use it too).
+  void set_program_waits(std::function<bool()> waits) { program_waits_ = std::move(waits); }
   // Binding: the next item (which must follow) runs through autograd as usual (`execute`), and
   // the backend kernels it reaches are matched, in order, with the recorded ones, their outputs
   // taking the recorded ones' places in the table, so that a later replayed item (the backward)
@@ -267,6 +269,11 @@ class BlockReplayer {
   uint64_t kernels_ = 0;
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
+  std::function<bool()> program_waits_;
+  // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
+  bool spread(const RecordedKernel& k, int threads) const {
+    return k.one_thread && k.spread && threads > 1 && program_waits_ && program_waits_();
+  }
 };
 
 }  // namespace terra::runtime

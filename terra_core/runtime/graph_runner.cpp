@@ -206,6 +206,7 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capacity) {
   blocks_ = std::make_unique<BlockStore>();
+  blocks_->replayer.set_program_waits([this] { return python_blocked(); });
   install_record_hook();
   thread_ = std::thread([this] { loop(); });
 }
@@ -501,7 +502,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
-  b.replayer.run(item, [this] { return python_blocked(); });  // threads per kernel: see run_per_op
+  b.replayer.run(item);  // each kernel with one thread or the program's (BlockReplayer::run)
   if (p.kind == OpKind::Backward && b.bound) {
     // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
     // tensors are freed.

@@ -99,7 +99,7 @@ def test_a_fetch_before_the_backward_runs_the_forward_through_autograd():
     assert s["items_bound"] >= 5 and s["iterations_replayed"] >= 5, s
 
 
-def conv_train(steps):
+def conv_train(steps, fetch_before_backward=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
                                 torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
@@ -110,9 +110,12 @@ def conv_train(steps):
     for _ in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
+        if fetch_before_backward:
+            losses.append(loss.item())  # waits: the forward runs through autograd (bound)
         loss.backward()
         opt.step()
-        losses.append(loss.item())  # the program waits here for the GraphRunner
+        if not fetch_before_backward:
+            losses.append(loss.item())  # the program waits here for the GraphRunner
     return model, losses
 
 
@@ -132,6 +135,22 @@ def test_long_kernels_run_with_the_programs_threads_while_the_program_waits():
     s = terra.stats("conv_train")
     assert s["iterations_replayed"] >= 5, s
     assert s["kernels_spread_while_waited"] >= s["iterations_replayed"], s
+
+
+def test_long_bound_kernels_run_with_the_programs_threads_while_the_program_waits():
+    # `loss.item()` before the backward: the forward runs through autograd with its kernels
+    # bound to the block, and its long kernels take the program's threads while it waits.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (me, le), (mc, lc) = conv_train(15, True), terra.run(conv_train, 15, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert le == lc
+    assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters()))
+    s = terra.stats("conv_train")
+    assert s["items_bound"] >= 5 and s["iterations_replayed"] >= 5, s
+    assert s["kernels_spread_while_waited"] >= 5, s
 
 
 def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():
