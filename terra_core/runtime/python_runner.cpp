@@ -48,8 +48,11 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // And at most this many bytes of outputs ahead: a value the program dropped after the last item
 // reading it was issued (an iteration's result, replaced by the next one's) lives until the
 // program thread, awake again, drops the executed items that made it; 1024 ops of a 2048x2048
-// add chain left 300 MB more resident than 64 ops did, 32 MB with this bound.
-constexpr uint64_t kAheadBytes = 64ull << 20;
+// add chain left 300 MB more resident than 64 ops did, 32 MB with a 64 MiB bound; with 64 MiB a
+// chain of 4 MB values (test_values_dropped_before_their_last_reader_ran_are_freed_right_after_it)
+// grew 78-184 MB over eager's, 66-114 with 32 (forced co-execution of resnet, gpt and dcgan
+// within noise of each other).
+constexpr uint64_t kAheadBytes = 32ull << 20;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program

@@ -823,11 +823,13 @@ def test_values_dropped_before_their_last_reader_ran_are_freed_right_after_it(ke
     assert len(kept) == len(eager_kept) and all(torch.equal(a, b) for a, b in zip(kept, eager_kept))
     assert terra.stats("chain_of_dropped_values")["ops_coexecuted"] >= 12 * 6 * 3 // 2
     if keep == "nothing":
-        # 4 MB values, up to 64 items ahead: before, dozens of them waited for the program to
-        # drop their items (resident memory grew 275 MB more than eagerly); now each is freed
-        # after its one reader (87 MB more, the first iterations' recording included).
+        # 4 MB values: before, dozens of them waited for the program to drop their items
+        # (resident memory grew 275 MB more than eagerly, 64 items ahead); now each is freed after
+        # its one reader (87 MB more, the first iterations' recording included, 64 items ahead;
+        # with up to 32 MiB of outputs ahead, each iteration's last value, which nothing reads,
+        # waits for the program to wake: 66-114 MB more here, more on a busy machine).
         assert released >= 12 * 6, released
-        assert peak < eager_peak + 160, (peak, eager_peak)
+        assert peak < eager_peak + 224, (peak, eager_peak)
 
 
 def read_through_weak_references(iters):
