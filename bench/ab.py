@@ -70,15 +70,21 @@ def child(name, mode, loop):
     print(json.dumps(out))
 
 
-def spawn(name, mode, pythonpath=None, loop=-1):
-    env = dict(os.environ)
+def run_child(script, args, pythonpath=None, env=None):
+    """`script --child *args` in a fresh process (PYTHONPATH `pythonpath`, more variables `env`);
+    the JSON object its last line prints."""
+    environ = dict(os.environ, **(env or {}))
     if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    out = subprocess.run([sys.executable, __file__, "--child", name, mode, str(loop)], env=env,
+        environ["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, str(script), "--child", *map(str, args)], env=environ,
                          capture_output=True, text=True, cwd=ROOT, check=False)
     if out.returncode:
-        raise SystemExit(f"{name} ({mode}, {pythonpath or 'this build'}) failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{' '.join(map(str, args))} ({pythonpath or 'this build'}) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spawn(name, mode, pythonpath=None, loop=-1):
+    return run_child(__file__, (name, mode, loop), pythonpath)
 
 
 def main():

@@ -15,10 +15,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ab import run_child  # bench/ab.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,14 +67,7 @@ def child(name, mode, steps):
 
 
 def spawn(name, mode, steps, pythonpath=None):
-    env = dict(os.environ, TERRA_ADAPTIVE="0")
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    out = subprocess.run([sys.executable, __file__, "--child", name, mode, str(steps)], env=env,
-                         capture_output=True, text=True, cwd=ROOT, check=False)
-    if out.returncode:
-        raise SystemExit(f"{name} ({mode}) failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, (name, mode, steps), pythonpath, {"TERRA_ADAPTIVE": "0"})
 
 
 def main():

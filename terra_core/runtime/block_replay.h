@@ -166,7 +166,7 @@ class BlockRecorder {
   void before_backward(const std::vector<at::Tensor>& roots, bool retain_graph, bool create_graph);
   void after_backward();
   void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args);
-  void kernel_end(const torch::jit::Stack& returns, uint64_t ran_ns = 0);
+  void kernel_end(const torch::jit::Stack& returns, uint64_t ran_ns);  // ran_ns: how long it ran
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);
   // After kernel_begin: the kernel is known, from an earlier recording in this process, to give

@@ -145,8 +145,8 @@ class GraphRunner {
   // (a replayed block's value table, an autograd graph's saved tensors), it would wait for the
   // GIL and hand it back: two futex calls on each thread, up to ten per step of a small MLP.
   void reclaim(bool all = false);
-  // Python thread: the output bytes of the items issued and not yet executed.
-  uint64_t pending_bytes() const { return bytes_ - bytes_before(done()); }
+  // Python thread: the output bytes of the items issued after item `done` (a `done()` it read).
+  uint64_t pending_bytes(uint64_t done) const { return bytes_ - bytes_before(done); }
   // Python thread: whether `next_item` will return without waiting for the GraphRunner.
   bool has_room() const { return issued_ - reclaimed_ < ring_.size(); }
 

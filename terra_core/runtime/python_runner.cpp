@@ -958,8 +958,9 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   dead_.watch(item->args, seq);
   r.issue(t.out_bytes);
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
-  const uint64_t ahead = r.issued() - r.done();
-  if (ahead > kAheadHigh || (ahead > 1 && r.pending_bytes() > kAheadBytes)) {
+  const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
+  const uint64_t ahead = r.issued() - done;
+  if (ahead > kAheadHigh || (ahead > 1 && r.pending_bytes(done) > kAheadBytes)) {
     // Far ahead of the GraphRunner: sleep until it has caught up halfway, leaving the cores to
     // it (and its intra-op threads) instead of competing with them for work Python cannot use yet.
     GilReleased unlocked;
