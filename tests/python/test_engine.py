@@ -1155,3 +1155,69 @@ def test_a_nested_loop_of_a_few_ops_per_iteration_becomes_part_of_the_enclosing_
     # the rest of the step after the loop, each an iteration), plus the code around the loops.
     assert iterations(s) <= 40 + 2 * 5 + 4, s
     assert s["iterations_coexecuted"] >= 25, s
+
+
+def fresh_tensor_each_step(steps=24):
+    """Each step makes a tensor from Python data while slow work is still pending, as Hugging
+    Face models do in every forward (`torch.tensor([])` for an empty key/value cache)."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-4)
+    x = torch.randn(256, 256)
+    out = []
+    for _ in range(steps):
+        h = x
+        for _ in range(4):
+            h = torch.tanh(h @ w)
+        empty = torch.tensor([], dtype=h.dtype)  # ends with detach_() on the tensor it made
+        loss = torch.cat([empty, h.flatten()]).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return [w.detach().clone()] + out
+
+
+def fetch_waits(iterations):
+    return [e for e in terra.timeline()["events"]
+            if e["kind"] == "fetch_wait" and e["iteration"] in iterations]
+
+
+def test_a_tensor_made_from_python_data_does_not_wait_for_the_graph_runner():
+    # torch.tensor(data) detaches the tensor it just made in place: an in-place op on a real
+    # tensor, which waited for every issued item in case one of them read it (hf_llama: two
+    # waits of 1-4 ms per step). Nothing but the program holds that tensor.
+    eager = fresh_tensor_each_step()
+    terra._C.clear_timeline()
+    coexec = terra.run(fresh_tensor_each_step)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
+    assert len(co) >= 12, terra.stats("fresh_tensor_each_step")
+    assert fetch_waits(co) == []
+
+
+def reshaped_in_place_while_read(steps=24):
+    """A tensor that pending work reads, changed in place (its shape) and back in each step."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    x = torch.randn(256, 256)
+    out = []
+    for _ in range(steps):
+        h = x
+        for _ in range(4):
+            h = torch.tanh(h @ w)
+        w.unsqueeze_(0)  # read after this, `h @ w` would be a batched product
+        out.append((w * 2).sum())
+        w.squeeze_(0)
+        out.append(h.sum())
+    return out
+
+
+def test_changing_in_place_a_tensor_that_pending_work_reads_waits_for_that_work():
+    eager = reshaped_in_place_while_read()
+    terra._C.clear_timeline()
+    coexec = terra.run(reshaped_in_place_while_read)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
+    assert len(co) >= 12, terra.stats("reshaped_in_place_while_read")
+    assert len(fetch_waits(co)) >= len(co)  # unsqueeze_ waited in each
