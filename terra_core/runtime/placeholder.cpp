@@ -111,7 +111,10 @@ at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
                                                    meta.device, /*detached=*/false);
   impl->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
   at::Tensor t(std::move(impl));
-  if (meta.requires_grad) t.set_requires_grad(true);
+  if (meta.requires_grad) {
+    t.set_requires_grad(true);
+    static_cast<PlaceholderImpl*>(t.unsafeGetTensorImpl())->set_born_requiring_grad();
+  }
   return t;
 }
 

@@ -76,6 +76,12 @@ class PlaceholderImpl final : public c10::TensorImpl {
   // eagerly. Called in the Python thread once the value is ready.
   void become(const at::Tensor& real);
   bool filled() const { return filled_; }
+  // Made with requires_grad from its op's traced outputs. A placeholder that requires grad
+  // without that was made a leaf by the program after its op returned: `torch.randn(...,
+  // requires_grad=True)` and every factory's requires_grad= set it on the op's result, outside the
+  // dispatcher, where the GraphRunner's value never sees it (PythonRunner::issue fills it first).
+  bool born_requiring_grad() const { return born_requiring_grad_; }
+  void set_born_requiring_grad() { born_requiring_grad_ = true; }
   // The last work item issued with this placeholder among its arguments (Python thread only).
   uint64_t last_use() const { return last_use_; }
   void set_last_use(uint64_t seq) { last_use_ = seq; }
@@ -100,6 +106,7 @@ class PlaceholderImpl final : public c10::TensorImpl {
   std::shared_ptr<AliasGroup> group_;
   bool detached_;
   bool filled_ = false;
+  bool born_requiring_grad_ = false;
   uint64_t last_use_ = 0;
 };
 

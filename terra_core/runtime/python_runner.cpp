@@ -866,6 +866,16 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     *stack = std::move(returns);
     return;
   }
+  // A placeholder the program made a leaf (`torch.randn(..., requires_grad=True)`; see
+  // PlaceholderImpl::born_requiring_grad) is filled before an op reads it: the GraphRunner then
+  // records that op's history on the leaf itself, so its `.grad` is the one the program reads, in
+  // co-execution and after a divergence alike. Given the value instead, the GraphRunner ran the
+  // op without history (an error: its output was traced requiring grad).
+  for (const c10::IValue& v : *stack) {
+    if (!v.isTensor()) continue;
+    const auto* p = as_placeholder(v.toTensor());
+    if (p && !p->born_requiring_grad() && !p->detached() && p->requires_grad()) fill(v.toTensor());
+  }
   GraphRunner& r = runner();
   dead_.check(r.lightened());  // what the program dropped since the last issue
   WorkItem* item;

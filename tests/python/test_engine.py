@@ -1221,3 +1221,46 @@ def test_changing_in_place_a_tensor_that_pending_work_reads_waits_for_that_work(
     co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
     assert len(co) >= 12, terra.stats("reshaped_in_place_while_read")
     assert len(fetch_waits(co)) >= len(co)  # unsqueeze_ waited in each
+
+
+def adversarial_training(steps=24, detach=False):
+    """Each step a fresh perturbation made a leaf by its factory (`requires_grad=True`), its
+    gradient's sign taken (one FGSM/PGD step), then the model trained on the perturbed batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    out = []
+    for _ in range(steps):
+        delta = torch.zeros_like(x, requires_grad=True)
+        noise = torch.randn(64, 16, requires_grad=True)
+        attack = torch.nn.functional.mse_loss(model(x + delta + 0.01 * noise), y)
+        if detach:
+            noise.detach_()  # read by pending work: its history is kept, its .grad stays None
+        attack.backward()
+        x_adv = x + 0.1 * delta.grad.sign()
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x_adv), y)
+        loss.backward()
+        opt.step()
+        out += [loss.detach(), delta.grad, noise.grad, noise.requires_grad]
+    return [p.detach().clone() for p in model.parameters()] + out
+
+
+def same_values(a, b):
+    return all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize("replay", [True, False])
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_leaf_made_by_a_factorys_requires_grad_gets_its_gradient(replay, detach):
+    # `torch.zeros_like(x, requires_grad=True)` sets requires_grad on the op's result outside the
+    # dispatcher: on a placeholder, the GraphRunner never saw it and raised (the first op reading
+    # it was traced with history); after a divergence its .grad was None.
+    terra.config(replay=replay)
+    eager = adversarial_training(detach=detach)
+    coexec = terra.run(adversarial_training, detach=detach)
+    assert len(eager) == len(coexec) and same_values(eager, coexec)
+    s = terra.stats("adversarial_training")
+    assert s["iterations_coexecuted"] >= 12, s
+    assert s["iterations_fallback"] == 0, s
