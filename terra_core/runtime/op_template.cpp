@@ -149,6 +149,9 @@ bool same_constant(const c10::IValue& a, const c10::IValue& b) {
   if (a.isIntList() && b.isIntList()) return a.toIntList() == b.toIntList();
   if (a.isString() && b.isString()) return a.toStringRef() == b.toStringRef();
   if (a.isDevice() && b.isDevice()) return a.toDevice() == b.toDevice();
+  // Any generator of the device: a draw from one runs in the program thread, from the generator
+  // it is given (a DataLoader makes a new one per epoch).
+  if (a.isGenerator() && b.isGenerator()) return a.toGenerator().device() == b.toGenerator().device();
   if (a.isList() && b.isList()) {
     auto la = a.toList(), lb = b.toList();
     if (la.size() != lb.size()) return false;
@@ -254,6 +257,14 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
       t.mode = ExecMode::Fetch;
     }
     t.random = op->hasTag(at::Tag::nondeterministic_seeded);
+    // A draw from a generator of the program's own (`torch.randn(..., generator=g)`, a
+    // DataLoader's shuffling) runs in the program thread, in order with what the program does to
+    // that generator: `g.manual_seed`, `g.get_state`, `g.set_state` are methods of an immutable
+    // type, beyond interception, so with the draw pending in the GraphRunner a reseed between
+    // issue and run changed its numbers. (The default generator's seeding functions are synced.)
+    bool own_generator = false;
+    for (const c10::IValue& v : args) own_generator = own_generator || (v.isGenerator() && !v.isNone());
+    if (t.random && own_generator) t.mode = ExecMode::Fetch;
     if (t.mode != ExecMode::Fetch && !any_tensor && !t.random) t.mode = ExecMode::PythonNow;
   }
   return t;

@@ -1264,3 +1264,58 @@ def test_a_leaf_made_by_a_factorys_requires_grad_gets_its_gradient(replay, detac
     s = terra.stats("adversarial_training")
     assert s["iterations_coexecuted"] >= 12, s
     assert s["iterations_fallback"] == 0, s
+
+
+def reseeded_generator(steps=30):
+    """Draws from a generator of the program's own, reseeded and read every step while slow work
+    is pending (a reproducible noise stream per step)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 256)
+    out = []
+    for step in range(steps):
+        h = x
+        for _ in range(3):
+            h = torch.tanh(h @ x)
+        g.manual_seed(step)  # a method of an immutable type: not interceptable
+        out.append(h.sum() + torch.randn(4, generator=g).sum())
+        if step % 10 == 9:
+            out.append(g.get_state().float().sum())
+    return out
+
+
+def test_draws_from_the_programs_own_generator_follow_its_reseeding():
+    # With the draw pending in the GraphRunner, the next step's g.manual_seed ran first and the
+    # draw took the later seed's numbers: different from eager's from the fifth step on.
+    eager = reseeded_generator()
+    coexec = terra.run(reseeded_generator)
+    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    assert terra.stats("reseeded_generator")["iterations_coexecuted"] >= 15
+
+
+def fresh_generator_per_epoch(epochs=16):
+    """A DataLoader-style shuffle: a new generator each epoch, seeded from the default one."""
+    torch.manual_seed(0)
+    w = torch.zeros(8, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    data = torch.randn(64, 8)
+    for _ in range(epochs):
+        g = torch.Generator()
+        g.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        for idx in torch.randperm(64, generator=g).split(16):
+            loss = (data[idx] @ w - 1).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return w.detach().clone()
+
+
+def test_a_new_generator_each_epoch_follows_the_trace():
+    # Generators were compared by identity: a DataLoader's new one each epoch was an op the trace
+    # had not seen, so every epoch's iteration was traced (16 of 16, "never steady").
+    eager = fresh_generator_per_epoch()
+    coexec = terra.run(fresh_generator_per_epoch)
+    assert torch.equal(eager, coexec)
+    s = terra.stats("fresh_generator_per_epoch")
+    assert s["iterations_traced"] <= 12 and s["iterations_fallback"] == 0, s
+    assert not any("never steady" in f["reason"] for f in terra.explain()), terra.explain()
