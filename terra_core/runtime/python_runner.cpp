@@ -100,6 +100,17 @@ bool program_only(const at::Tensor& x, const torch::jit::Stack& stack) {
   return x.use_count() == refs && (!x.has_storage() || x.storage().use_count() == 1);
 }
 
+// Memory the program can change without a PyTorch op: a tensor made over a buffer it does not
+// own (`torch.from_numpy`, `torch.frombuffer`, DLPack: ATen's from_blob with a deleter). The
+// program writes it through NumPy at any time (an RL observation buffer filled in place each
+// step), so an op reading it reads it when issued, as eagerly, never when the GraphRunner runs.
+bool python_memory(const at::Tensor& x) {
+  static const c10::DeleterFnPtr from_blob_deleter =
+      c10::InefficientStdFunctionContext::makeDataPtr(nullptr, [](void*) {}, c10::Device(c10::kCPU)).get_deleter();
+  return x.defined() && x.has_storage() && !as_placeholder(x) &&
+         x.storage().data_ptr().get_deleter() == from_blob_deleter;
+}
+
 bool has_placeholder(const torch::jit::Stack& stack) {
   bool found = false;
   for (const c10::IValue& v : stack)
@@ -876,6 +887,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     const auto* p = as_placeholder(v.toTensor());
     if (p && !p->born_requiring_grad() && !p->detached() && p->requires_grad()) fill(v.toTensor());
   }
+  const bool wait_done = read_python_memory_now(t, stack);
   GraphRunner& r = runner();
   dead_.check(r.lightened());  // what the program dropped since the last issue
   WorkItem* item;
@@ -982,6 +994,13 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   stack->swap(returns);
   dead_.watch(item->args, seq);
   r.issue(t.out_bytes);
+  if (wait_done) {
+    // The op writes or aliases memory the program may change itself: it runs now, and its
+    // outputs are real tensors over that memory, which later ops then see as such.
+    wait_for(seq);
+    for (const c10::IValue& v : *stack)
+      if (v.isTensor()) fill(v.toTensor());
+  }
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
   const uint64_t ahead = r.issued() - done;
@@ -991,6 +1010,29 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     GilReleased unlocked;
     r.wait_for(r.issued() - std::min(kAheadLow, ahead / 2), /*spin=*/false);
   }
+}
+
+bool PythonRunner::read_python_memory_now(const OpTemplate& t, torch::jit::Stack* stack) {
+  // An argument over memory the program can change without an op (python_memory) is read as it
+  // is now: a copy goes to the GraphRunner. Copied, a written argument or one an output aliases
+  // would lose its effects; such an op runs before the program goes on (the caller waits).
+  bool wait = false;
+  const auto* schema_args = t.op ? &t.op->schema().arguments() : nullptr;
+  for (size_t i = 0; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (!v.isTensor() || !python_memory(v.toTensor())) continue;
+    const auto* info = schema_args && i < schema_args->size() ? (*schema_args)[i].alias_info() : nullptr;
+    bool aliased = info != nullptr || !schema_args;  // written, or returned as a view
+    for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);
+    const at::Tensor& x = v.toTensor();
+    if (aliased || !x.is_non_overlapping_and_dense()) {
+      wait = true;
+      continue;
+    }
+    c10::impl::ExcludeDispatchKeyGuard below(kTerraKey);
+    v = x.clone(at::MemoryFormat::Preserve);  // same sizes and strides, as validated
+  }
+  return wait;
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {

@@ -1319,3 +1319,57 @@ def test_a_new_generator_each_epoch_follows_the_trace():
     s = terra.stats("fresh_generator_per_epoch")
     assert s["iterations_traced"] <= 12 and s["iterations_fallback"] == 0, s
     assert not any("never steady" in f["reason"] for f in terra.explain()), terra.explain()
+
+
+def numpy_observation_buffer(steps=30):
+    """An RL-style observation buffer: a NumPy array refilled in place every step, seen by torch
+    through `from_numpy` (shared memory), read by ops, by a view, and scaled in place by torch
+    before NumPy reads it back."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    buf = np.zeros((256, 256), dtype=np.float32)
+    obs = torch.from_numpy(buf)
+    top = obs[:128]  # a view of the shared memory, made once
+    w = torch.randn(256, 256)
+    out = []
+    for step in range(steps):
+        h = w
+        for _ in range(3):
+            h = torch.tanh(h @ w)  # slow work, so the ops below are still pending...
+        buf[:] = rng.standard_normal((256, 256), dtype=np.float32)  # ...when NumPy refills it
+        out.append((h * obs).sum())
+        out.append(top.sum())
+        obs.mul_(0.5)  # torch writes the shared memory; NumPy reads it right after
+        out.append(torch.tensor(float(buf.sum())))
+    return out
+
+
+def test_memory_numpy_shares_is_read_when_the_op_is_issued():
+    # The GraphRunner read the buffer when it ran the op, after NumPy had refilled it for a later
+    # step: a silent difference from eager from the fifth step on.
+    eager = numpy_observation_buffer()
+    coexec = terra.run(numpy_observation_buffer)
+    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    assert terra.stats("numpy_observation_buffer")["iterations_coexecuted"] >= 15
+
+
+def written_through_numpy(steps=30):
+    """A tensor that pending work reads, then written through the array `.numpy()` returns."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    p = torch.zeros(256, 256)
+    out = []
+    for step in range(steps):
+        h = w
+        for _ in range(3):
+            h = torch.tanh(h @ w)
+        out.append((h * p).sum())  # reads p: still pending when...
+        p.numpy()[0, 0] = float(step)  # ...the program writes p through NumPy
+    return out
+
+
+def test_writing_through_numpy_waits_for_the_work_that_reads_the_tensor():
+    eager = written_through_numpy()
+    coexec = terra.run(written_through_numpy)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    assert terra.stats("written_through_numpy")["iterations_coexecuted"] >= 15

@@ -49,6 +49,20 @@ def _fetching(original):
     return fetch
 
 
+def _exposing(original):
+    @functools.wraps(original)
+    def expose(self, *args, **kwargs):
+        _C.materialize(self)
+        _C.sync()
+        _C.pause()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _C.resume()
+
+    return expose
+
+
 def _synced(original):
     @functools.wraps(original)
     def synced(*args, **kwargs):
@@ -91,8 +105,10 @@ _original_run_backward = _autograd._engine_run_backward
 _original_apply = torch.autograd.Function.__dict__["apply"]
 _original_thread_start = threading.Thread.start
 
-_FETCHES = ("__repr__", "__format__", "numpy", "tolist", "__array__", "data_ptr",
-            "untyped_storage", "storage", "_typed_storage", "__reduce_ex__", "__deepcopy__")
+_FETCHES = ("__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__")
+# Fetches that hand Python the tensor's memory itself: written through (`t.numpy()[0] = 1`), it
+# changes what items issued before still read, so these wait for everything issued.
+_EXPOSING = ("numpy", "__array__", "data_ptr", "untyped_storage", "storage", "_typed_storage")
 _RNG = ("manual_seed", "seed", "get_rng_state", "set_rng_state", "initial_seed")
 # Process-wide settings kernels read when they run (runtime/thread_state.h): ops issued before a
 # change must run under the old setting.
@@ -169,6 +185,8 @@ def install():
     pseudo_ops(True)
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
+    for name in _EXPOSING:
+        _set(torch.Tensor, name, _exposing(getattr(torch.Tensor, name)))
     _set(torch.Tensor, "requires_grad_", _settled(torch.Tensor.requires_grad_, _requires_grad_unchanged))
     _set(torch.Tensor, "_make_subclass", staticmethod(_settled(torch.Tensor._make_subclass)))
     for name in ("retain_grad", "register_hook", "register_post_accumulate_grad_hook"):
