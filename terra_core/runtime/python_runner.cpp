@@ -1020,7 +1020,11 @@ bool PythonRunner::read_python_memory_now(const OpTemplate& t, torch::jit::Stack
   const auto* schema_args = t.op ? &t.op->schema().arguments() : nullptr;
   for (size_t i = 0; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
-    if (!v.isTensor() || !python_memory(v.toTensor())) continue;
+    if (!v.isTensor()) {  // a list with such an element (torch.stack, cat): run now
+      if (v.isTensorList() || v.isList()) for_each_tensor(v, [&](const at::Tensor& x) { wait = wait || python_memory(x); });
+      continue;
+    }
+    if (!python_memory(v.toTensor())) continue;
     const auto* info = schema_args && i < schema_args->size() ? (*schema_args)[i].alias_info() : nullptr;
     bool aliased = info != nullptr || !schema_args;  // written, or returned as a view
     for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);

@@ -1339,8 +1339,10 @@ def numpy_observation_buffer(steps=30):
         buf[:] = rng.standard_normal((256, 256), dtype=np.float32)  # ...when NumPy refills it
         out.append((h * obs).sum())
         out.append(top.sum())
-        obs.mul_(0.5)  # torch writes the shared memory; NumPy reads it right after
-        out.append(torch.tensor(float(buf.sum())))
+        out.append(torch.stack([obs, obs]).sum(dim=0).sum())  # in a list argument
+        if step % 2:
+            obs.mul_(0.5)  # torch writes the shared memory; NumPy reads it right after
+            out.append(torch.tensor(float(buf.sum())))
     return out
 
 
