@@ -1028,8 +1028,11 @@ bool PythonRunner::read_python_memory_now(const OpTemplate& t, torch::jit::Stack
     const auto* info = schema_args && i < schema_args->size() ? (*schema_args)[i].alias_info() : nullptr;
     bool aliased = info != nullptr || !schema_args;  // written, or returned as a view
     for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);
+    // Large (a dataset loaded with from_numpy and indexed each step): running the op now costs a
+    // wait for the GraphRunner, copying it a pass over all of it per op.
+    constexpr size_t kCopyBytes = size_t{1} << 20;
     const at::Tensor& x = v.toTensor();
-    if (aliased || !x.is_non_overlapping_and_dense()) {
+    if (aliased || !x.is_non_overlapping_and_dense() || x.nbytes() > kCopyBytes) {
       wait = true;
       continue;
     }

@@ -1330,6 +1330,8 @@ def numpy_observation_buffer(steps=30):
     buf = np.zeros((256, 256), dtype=np.float32)
     obs = torch.from_numpy(buf)
     top = obs[:128]  # a view of the shared memory, made once
+    table = np.zeros((1024, 512), dtype=np.float32)  # 2 MiB: indexed where it lies, not copied
+    rows = torch.from_numpy(table)
     w = torch.randn(256, 256)
     out = []
     for step in range(steps):
@@ -1339,6 +1341,8 @@ def numpy_observation_buffer(steps=30):
         buf[:] = rng.standard_normal((256, 256), dtype=np.float32)  # ...when NumPy refills it
         out.append((h * obs).sum())
         out.append(top.sum())
+        table[step] = float(step)
+        out.append(rows[torch.tensor([step, step + 1])].sum())
         out.append(torch.stack([obs, obs]).sum(dim=0).sum())  # in a list argument
         if step % 2:
             obs.mul_(0.5)  # torch writes the shared memory; NumPy reads it right after
