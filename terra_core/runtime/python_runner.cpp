@@ -104,11 +104,19 @@ bool program_only(const at::Tensor& x, const torch::jit::Stack& stack) {
 // own (`torch.from_numpy`, `torch.frombuffer`, DLPack: ATen's from_blob with a deleter). The
 // program writes it through NumPy at any time (an RL observation buffer filled in place each
 // step), so an op reading it reads it when issued, as eagerly, never when the GraphRunner runs.
-bool python_memory(const at::Tensor& x) {
-  static const c10::DeleterFnPtr from_blob_deleter =
-      c10::InefficientStdFunctionContext::makeDataPtr(nullptr, [](void*) {}, c10::Device(c10::kCPU)).get_deleter();
-  return x.defined() && x.has_storage() && !as_placeholder(x) &&
-         x.storage().data_ptr().get_deleter() == from_blob_deleter;
+const c10::DeleterFnPtr kFromBlobDeleter =
+    c10::InefficientStdFunctionContext::makeDataPtr(nullptr, [](void*) {}, c10::Device(c10::kCPU)).get_deleter();
+
+bool python_memory(const at::Tensor& x) {  // x: not a placeholder
+  return x.defined() && x.has_storage() && x.storage().data_ptr().get_deleter() == kFromBlobDeleter;
+}
+
+// Argument `i`'s alias annotation in the op's schema (written, or returned as a view); nullptr
+// for none, or for a pseudo-op (no schema).
+const c10::AliasInfo* alias_info(const OpTemplate& t, size_t i) {
+  if (!t.op) return nullptr;
+  const auto& args = t.op->schema().arguments();
+  return i < args.size() ? args[i].alias_info() : nullptr;
 }
 
 bool has_placeholder(const torch::jit::Stack& stack) {
@@ -877,17 +885,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     *stack = std::move(returns);
     return;
   }
-  // A placeholder the program made a leaf (`torch.randn(..., requires_grad=True)`; see
-  // PlaceholderImpl::born_requiring_grad) is filled before an op reads it: the GraphRunner then
-  // records that op's history on the leaf itself, so its `.grad` is the one the program reads, in
-  // co-execution and after a divergence alike. Given the value instead, the GraphRunner ran the
-  // op without history (an error: its output was traced requiring grad).
-  for (const c10::IValue& v : *stack) {
-    if (!v.isTensor()) continue;
-    const auto* p = as_placeholder(v.toTensor());
-    if (p && !p->born_requiring_grad() && !p->detached() && p->requires_grad()) fill(v.toTensor());
-  }
-  const bool wait_done = read_python_memory_now(t, stack);
+  const bool wait_done = prepare_arguments(t, stack);
   GraphRunner& r = runner();
   dead_.check(r.lightened());  // what the program dropped since the last issue
   WorkItem* item;
@@ -916,7 +914,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   // in one pass over the arguments.
   if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) last_external_write_ = seq;
   if (t.op) {
-    const auto& schema_args = t.op->schema().arguments();
+    const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
     for (size_t i = 0; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];
       const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
@@ -998,8 +996,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     // The op writes or aliases memory the program may change itself: it runs now, and its
     // outputs are real tensors over that memory, which later ops then see as such.
     wait_for(seq);
-    for (const c10::IValue& v : *stack)
-      if (v.isTensor()) fill(v.toTensor());
+    for (const c10::IValue& v : *stack) for_each_tensor(v, [&](const at::Tensor& x) { fill(x); });
   }
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
@@ -1012,34 +1009,44 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   }
 }
 
-bool PythonRunner::read_python_memory_now(const OpTemplate& t, torch::jit::Stack* stack) {
-  // An argument over memory the program can change without an op (python_memory) is read as it
-  // is now: a copy goes to the GraphRunner. Copied, a written argument or one an output aliases
-  // would lose its effects; such an op runs before the program goes on (the caller waits).
-  bool wait = false;
-  const auto* schema_args = t.op ? &t.op->schema().arguments() : nullptr;
+bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack) {
+  // Two things the GraphRunner cannot see happen to arguments outside the dispatcher, checked in
+  // one pass over them:
+  // - A placeholder the program made a leaf (`torch.randn(..., requires_grad=True)`; see
+  //   PlaceholderImpl::born_requiring_grad) is filled now: the GraphRunner then records the op's
+  //   history on the leaf itself, so its `.grad` is the one the program reads, in co-execution and
+  //   after a divergence alike. Given the value, it ran the op without history (an error: the
+  //   output was traced requiring grad).
+  // - An argument over memory the program changes without ops (python_memory) is read as it is
+  //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a list
+  //   or a large one (a dataset from from_numpy indexed each step: a copy would be a pass over all
+  //   of it per op) is not copied; the op runs before the program goes on (returns true).
+  constexpr size_t kCopyBytes = size_t{1} << 20;
+  bool run_now = false;
   for (size_t i = 0; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
-    if (!v.isTensor()) {  // a list with such an element (torch.stack, cat): run now
-      if (v.isTensorList() || v.isList()) for_each_tensor(v, [&](const at::Tensor& x) { wait = wait || python_memory(x); });
+    if (!v.isTensor()) {
+      if (v.isTensorList() || v.isList()) {
+        for_each_tensor(v, [&](const at::Tensor& x) { run_now = run_now || (!as_placeholder(x) && python_memory(x)); });
+      }
       continue;
     }
-    if (!python_memory(v.toTensor())) continue;
-    const auto* info = schema_args && i < schema_args->size() ? (*schema_args)[i].alias_info() : nullptr;
-    bool aliased = info != nullptr || !schema_args;  // written, or returned as a view
-    for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);
-    // Large (a dataset loaded with from_numpy and indexed each step): running the op now costs a
-    // wait for the GraphRunner, copying it a pass over all of it per op.
-    constexpr size_t kCopyBytes = size_t{1} << 20;
     const at::Tensor& x = v.toTensor();
+    if (const auto* p = as_placeholder(x)) {
+      if (!p->born_requiring_grad() && !p->detached() && p->requires_grad()) fill(x);
+      continue;
+    }
+    if (!python_memory(x)) continue;
+    bool aliased = !t.op || alias_info(t, i);
+    for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);
     if (aliased || !x.is_non_overlapping_and_dense() || x.nbytes() > kCopyBytes) {
-      wait = true;
+      run_now = true;
       continue;
     }
     c10::impl::ExcludeDispatchKeyGuard below(kTerraKey);
     v = x.clone(at::MemoryFormat::Preserve);  // same sizes and strides, as validated
   }
-  return wait;
+  return run_now;
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
@@ -1088,13 +1095,12 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
   // by a pending item: only a tensor the program alone holds is known not to be.
   uint64_t need = 0;
   bool writes_shared = false;
-  const auto* schema_args = t.op ? &t.op->schema().arguments() : nullptr;
   for (size_t i = 0; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor() && program_only(v.toTensor(), *stack)) continue;
     need = std::max(need, needed_seq(v));
-    const auto* info = schema_args && i < schema_args->size() ? (*schema_args)[i].alias_info() : nullptr;
-    writes_shared = writes_shared || !schema_args || (info && info->isWrite());
+    const auto* info = alias_info(t, i);
+    writes_shared = writes_shared || !t.op || (info && info->isWrite());
   }
   if (t.mutates_input && writes_shared) need = runner().issued();
   wait_for(need);

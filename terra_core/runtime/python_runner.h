@@ -138,8 +138,9 @@ class PythonRunner {
                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
   bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                  uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
-  // Copies of arguments over memory the program changes without ops; true: the op must run now.
-  bool read_python_memory_now(const OpTemplate& t, torch::jit::Stack* stack);
+  // Before an op is issued: fills placeholders the program made leaves, copies arguments over
+  // memory the program changes without ops; true: the op must run before the program goes on.
+  bool prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack);
   void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   void diverge(const std::string& reason, const std::string& op);

@@ -36,10 +36,14 @@ _saved = []
 _base_grad = torch._C.TensorBase.grad
 
 
-def _fetching(original):
+def _fetching(original, exposes=False):
+    """`original` on the tensor's value; `exposes`: it hands Python the tensor's memory itself
+    (_EXPOSING), so it also waits for everything issued."""
     @functools.wraps(original)
     def fetch(self, *args, **kwargs):
         _C.materialize(self)
+        if exposes:
+            _C.sync()
         _C.pause()
         try:
             return original(self, *args, **kwargs)
@@ -47,20 +51,6 @@ def _fetching(original):
             _C.resume()
 
     return fetch
-
-
-def _exposing(original):
-    @functools.wraps(original)
-    def expose(self, *args, **kwargs):
-        _C.materialize(self)
-        _C.sync()
-        _C.pause()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _C.resume()
-
-    return expose
 
 
 def _synced(original):
@@ -186,7 +176,7 @@ def install():
     for name in _FETCHES:
         _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name)))
     for name in _EXPOSING:
-        _set(torch.Tensor, name, _exposing(getattr(torch.Tensor, name)))
+        _set(torch.Tensor, name, _fetching(getattr(torch.Tensor, name), exposes=True))
     _set(torch.Tensor, "requires_grad_", _settled(torch.Tensor.requires_grad_, _requires_grad_unchanged))
     _set(torch.Tensor, "_make_subclass", staticmethod(_settled(torch.Tensor._make_subclass)))
     for name in ("retain_grad", "register_hook", "register_post_accumulate_grad_hook"):
