@@ -229,12 +229,16 @@ torch::jit::Stack deep_copy_all(const torch::jit::Stack& s) {
 // Copies of `s` whose floating-point tensors hold generic values (uniform in [0.25, 0.75): inexact
 // sums, valid probabilities, positive for roots and logarithms); other tensors (indices, masks)
 // keep theirs. Drawn from a generator of its own.
-torch::jit::Stack generic_copy(const torch::jit::Stack& s) {
+// `wide`: magnitudes spread over 2^-20..2^20 too (2^-6..2^6 for 16-bit floats) (still positive: log, sqrt and the like stay
+// finite), so that sums in another order round differently more often.
+torch::jit::Stack generic_copy(const torch::jit::Stack& s, bool wide) {
   static at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(12345);
   return copy_stack(s, [&](const at::Tensor& t) {
     if (!t.is_floating_point() || at::has_internal_overlap(t) == at::MemOverlap::Yes) return t;
     at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
     c.uniform_(0.25, 0.75, gen);  // (takes the generator's lock)
+    const double e = c.element_size() < 4 ? 6 : 20;  // float16 ends at 65504
+    if (wide) c.mul_(at::empty_like(c).uniform_(-e, e, gen).exp2_());
     return c;
   });
 }
@@ -295,6 +299,7 @@ struct BlockRecorder::Impl {
   // and the CPU generator's state before it ran.
   bool checking = false;
   uint64_t check_key = 0;  // the kernel's signature (verdicts.h)
+  uint64_t ran_ns = 0;     // how long the kernel being checked ran when recorded (kernel_end)
   uint64_t checked = 0, reused = 0;
   torch::jit::Stack copies;
   torch::jit::Stack originals;  // its arguments, as the kernel leaves them
@@ -684,9 +689,19 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
     }
     same = same && args_equal(m.copies, m.originals) && outs_equal(one, stack);
     // Generic data of the same shapes, with both thread counts: recorded data can be special
-    // (zeros, small integers) so that another summation order gives the same bits anyway.
-    if (same) {
-      const torch::jit::Stack generic = generic_copy(m.copies);
+    // (zeros, small integers) so that another summation order gives the same bits anyway. And
+    // generic data too, by chance: a sum over 65536 floats split over 2 threads gave the bits of
+    // one thread for 43-65% of random inputs (uniform, or spread over 2^-60..2^60), so one sample
+    // let such a reduction be replayed with one thread (results differing from eager's in some
+    // iterations, test_a_tensor_made_from_python_data_does_not_wait_for_the_graph_runner with a
+    // cached verdict). Up to kGenericSamples samples, stopping at the first difference: a kernel
+    // that differs shows it within a few; one that runs long when recorded gets fewer (the check
+    // is part of the first co-executed iteration; its verdict is cached, verdicts.h).
+    constexpr int kGenericSamples = 20, kLongSamples = 8;
+    constexpr uint64_t kLongNs = 200'000;
+    const int samples = m.ran_ns < kLongNs ? kGenericSamples : kLongSamples;
+    for (int i = 0; same && i < samples; ++i) {
+      const torch::jit::Stack generic = generic_copy(m.copies, /*wide=*/i % 2 == 1);
       torch::jit::Stack a = deep_copy_all(generic), b = deep_copy_all(generic);
       const torch::jit::Stack ra = run(a, threads), rb = run(b, 1);
       same = args_equal(a, b) && outs_equal(ra, rb);
@@ -713,6 +728,7 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
   // From kernel_begin, k.spread says whether an argument is large.
   for (uint32_t i = 0; i < k.outs; ++i) k.spread = k.spread || large_for_threads(stack[stack.size() - k.outs + i]);
   k.spread = k.spread && ran_ns >= RecordedKernel::kSpreadNs;
+  m.ran_ns = ran_ns;
   k.first_out = m.block.table_size;
   for (uint32_t i = 0; i < k.outs; ++i) {
     const c10::IValue& v = stack[stack.size() - k.outs + i];

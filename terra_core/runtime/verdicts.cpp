@@ -18,7 +18,7 @@ namespace terra::runtime {
 namespace {
 
 // Bumped whenever what a verdict means changes (the check, the signature's fields).
-constexpr uint64_t kFormat = 1;
+constexpr uint64_t kFormat = 2;  // 2: up to 20 generic samples (block_replay.cpp); 1's verdicts may be wrong
 // One verdict on disk: the signature, then a tag with the verdict in its lowest bit (a torn or
 // foreign record does not carry the tag and is skipped).
 constexpr uint64_t kTag = 0x7e77a5c4e0000000ull;

@@ -1157,6 +1157,29 @@ def test_a_nested_loop_of_a_few_ops_per_iteration_becomes_part_of_the_enclosing_
     assert s["iterations_coexecuted"] >= 25, s
 
 
+def busy(x, w, n):
+    """Slow work (n 256x256 products), so that the ops a test issues after it are still pending
+    in the GraphRunner when the program reaches what comes next."""
+    for _ in range(n):
+        x = torch.tanh(x @ w)
+    return x
+
+
+def same_values(a, b):
+    return all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in zip(a, b))
+
+
+def coexecuted_as_eager(fn, *args, **kwargs):
+    """`fn` run eagerly, then under Terra (timeline cleared first): asserts the same results and
+    returns Terra's stats for fn and the indices of its co-executed iterations."""
+    eager = fn(*args, **kwargs)
+    terra._C.clear_timeline()
+    coexec = terra.run(fn, *args, **kwargs)
+    assert len(eager) == len(coexec) and same_values(eager, coexec)
+    co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
+    return terra.stats(fn.__name__), co
+
+
 def fresh_tensor_each_step(steps=24):
     """Each step makes a tensor from Python data while slow work is still pending, as Hugging
     Face models do in every forward (`torch.tensor([])` for an empty key/value cache)."""
@@ -1166,9 +1189,7 @@ def fresh_tensor_each_step(steps=24):
     x = torch.randn(256, 256)
     out = []
     for _ in range(steps):
-        h = x
-        for _ in range(4):
-            h = torch.tanh(h @ w)
+        h = busy(x, w, 4)
         empty = torch.tensor([], dtype=h.dtype)  # ends with detach_() on the tensor it made
         loss = torch.cat([empty, h.flatten()]).square().mean()
         opt.zero_grad()
@@ -1187,12 +1208,8 @@ def test_a_tensor_made_from_python_data_does_not_wait_for_the_graph_runner():
     # torch.tensor(data) detaches the tensor it just made in place: an in-place op on a real
     # tensor, which waited for every issued item in case one of them read it (hf_llama: two
     # waits of 1-4 ms per step). Nothing but the program holds that tensor.
-    eager = fresh_tensor_each_step()
-    terra._C.clear_timeline()
-    coexec = terra.run(fresh_tensor_each_step)
-    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
-    assert len(co) >= 12, terra.stats("fresh_tensor_each_step")
+    s, co = coexecuted_as_eager(fresh_tensor_each_step)
+    assert len(co) >= 12, s
     assert fetch_waits(co) == []
 
 
@@ -1203,9 +1220,7 @@ def reshaped_in_place_while_read(steps=24):
     x = torch.randn(256, 256)
     out = []
     for _ in range(steps):
-        h = x
-        for _ in range(4):
-            h = torch.tanh(h @ w)
+        h = busy(x, w, 4)
         w.unsqueeze_(0)  # read after this, `h @ w` would be a batched product
         out.append((w * 2).sum())
         w.squeeze_(0)
@@ -1214,12 +1229,8 @@ def reshaped_in_place_while_read(steps=24):
 
 
 def test_changing_in_place_a_tensor_that_pending_work_reads_waits_for_that_work():
-    eager = reshaped_in_place_while_read()
-    terra._C.clear_timeline()
-    coexec = terra.run(reshaped_in_place_while_read)
-    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    co = {it["index"] for it in terra.timeline()["iterations"] if it["mode"] == "coexec"}
-    assert len(co) >= 12, terra.stats("reshaped_in_place_while_read")
+    s, co = coexecuted_as_eager(reshaped_in_place_while_read)
+    assert len(co) >= 12, s
     assert len(fetch_waits(co)) >= len(co)  # unsqueeze_ waited in each
 
 
@@ -1247,10 +1258,6 @@ def adversarial_training(steps=24, detach=False):
     return [p.detach().clone() for p in model.parameters()] + out
 
 
-def same_values(a, b):
-    return all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in zip(a, b))
-
-
 @pytest.mark.parametrize("replay", [True, False])
 @pytest.mark.parametrize("detach", [False, True])
 def test_a_leaf_made_by_a_factorys_requires_grad_gets_its_gradient(replay, detach):
@@ -1258,10 +1265,7 @@ def test_a_leaf_made_by_a_factorys_requires_grad_gets_its_gradient(replay, detac
     # dispatcher: on a placeholder, the GraphRunner never saw it and raised (the first op reading
     # it was traced with history); after a divergence its .grad was None.
     terra.config(replay=replay)
-    eager = adversarial_training(detach=detach)
-    coexec = terra.run(adversarial_training, detach=detach)
-    assert len(eager) == len(coexec) and same_values(eager, coexec)
-    s = terra.stats("adversarial_training")
+    s, _ = coexecuted_as_eager(adversarial_training, detach=detach)
     assert s["iterations_coexecuted"] >= 12, s
     assert s["iterations_fallback"] == 0, s
 
@@ -1274,9 +1278,7 @@ def reseeded_generator(steps=30):
     x = torch.randn(256, 256)
     out = []
     for step in range(steps):
-        h = x
-        for _ in range(3):
-            h = torch.tanh(h @ x)
+        h = busy(x, x, 3)
         g.manual_seed(step)  # a method of an immutable type: not interceptable
         out.append(h.sum() + torch.randn(4, generator=g).sum())
         if step % 10 == 9:
@@ -1287,10 +1289,8 @@ def reseeded_generator(steps=30):
 def test_draws_from_the_programs_own_generator_follow_its_reseeding():
     # With the draw pending in the GraphRunner, the next step's g.manual_seed ran first and the
     # draw took the later seed's numbers: different from eager's from the fifth step on.
-    eager = reseeded_generator()
-    coexec = terra.run(reseeded_generator)
-    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    assert terra.stats("reseeded_generator")["iterations_coexecuted"] >= 15
+    s, _ = coexecuted_as_eager(reseeded_generator)
+    assert s["iterations_coexecuted"] >= 15, s
 
 
 def fresh_generator_per_epoch(epochs=16):
@@ -1335,9 +1335,7 @@ def numpy_observation_buffer(steps=30):
     w = torch.randn(256, 256)
     out = []
     for step in range(steps):
-        h = w
-        for _ in range(3):
-            h = torch.tanh(h @ w)  # slow work, so the ops below are still pending...
+        h = busy(w, w, 3)  # the ops below are still pending...
         buf[:] = rng.standard_normal((256, 256), dtype=np.float32)  # ...when NumPy refills it
         out.append((h * obs).sum())
         out.append(top.sum())
@@ -1353,10 +1351,8 @@ def numpy_observation_buffer(steps=30):
 def test_memory_numpy_shares_is_read_when_the_op_is_issued():
     # The GraphRunner read the buffer when it ran the op, after NumPy had refilled it for a later
     # step: a silent difference from eager from the fifth step on.
-    eager = numpy_observation_buffer()
-    coexec = terra.run(numpy_observation_buffer)
-    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    assert terra.stats("numpy_observation_buffer")["iterations_coexecuted"] >= 15
+    s, _ = coexecuted_as_eager(numpy_observation_buffer)
+    assert s["iterations_coexecuted"] >= 15, s
 
 
 def written_through_numpy(steps=30):
@@ -1366,16 +1362,12 @@ def written_through_numpy(steps=30):
     p = torch.zeros(256, 256)
     out = []
     for step in range(steps):
-        h = w
-        for _ in range(3):
-            h = torch.tanh(h @ w)
+        h = busy(w, w, 3)
         out.append((h * p).sum())  # reads p: still pending when...
         p.numpy()[0, 0] = float(step)  # ...the program writes p through NumPy
     return out
 
 
 def test_writing_through_numpy_waits_for_the_work_that_reads_the_tensor():
-    eager = written_through_numpy()
-    coexec = terra.run(written_through_numpy)
-    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    assert terra.stats("written_through_numpy")["iterations_coexecuted"] >= 15
+    s, _ = coexecuted_as_eager(written_through_numpy)
+    assert s["iterations_coexecuted"] >= 15, s
