@@ -402,3 +402,39 @@ def test_the_one_thread_check_keeps_aliased_arguments_and_wrapped_numbers(tmp_pa
     assert s["iterations_replayed"] >= 5, s
     assert s["blocks_recorded"] >= 1 and s["blocks_one_thread"] == s["blocks_recorded"], s
     assert not s["not_one_thread_kernel"], s
+
+
+def long_sum(steps=12):
+    """A sum over 65536 floats each step: ATen splits it over the intra-op threads, so its bits
+    depend on their count for about half of all inputs."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-3)
+    out = []
+    for _ in range(steps):
+        loss = (w * w).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out + [w.detach().clone()]
+
+
+def test_a_reduction_whose_bits_depend_on_the_thread_count_keeps_the_programs_count():
+    # The one-thread check tried one sample of generic data, on which such a sum gave one
+    # thread's bits 43-65% of the time: the block could be replayed with one thread and differ
+    # from eager in some iterations. It now tries up to 20 and stops at the first difference.
+    # (In a fresh process the samples are the same each run, and here the first one already
+    # differs: this pins the verdict for this kernel, not the odds of a single sample.)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        eager = long_sum()
+        terra.config(adaptive=False)
+        coexec = terra.run(long_sum)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats("long_sum")
+    assert s["iterations_replayed"] >= 5, s
+    assert s["blocks_one_thread"] == 0 and s["not_one_thread_kernel"] == "aten::sum", s
