@@ -37,6 +37,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"kernels_spread_while_waited", c.spread},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
+          {"program_count_kernels", c.program_count_kernels},
           {"items_one_thread_per_op", c.one_thread_per_op}};
 }
 
@@ -197,6 +198,13 @@ PYBIND11_MODULE(_C, m) {
   m.add_object("mark_helper",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(&mark_helper_def, nullptr, m.ptr())));
   m.def("active", [] { return R().active(); });
+  m.def("set_type_attribute", [](py::type type, const std::string& name, py::object value) {
+    // An attribute of a type Python refuses to change (a C type marked immutable, such as
+    // torch.Generator): put into its dictionary directly, the method cache told.
+    auto* t = reinterpret_cast<PyTypeObject*>(type.ptr());
+    if (PyDict_SetItemString(t->tp_dict, name.c_str(), value.ptr()) != 0) throw py::error_already_set();
+    PyType_Modified(t);
+  }, "Sets `type.name = value` where Python refuses to (an immutable C type).");
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
   m.def("runner_counts", [] {

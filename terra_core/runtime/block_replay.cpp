@@ -893,9 +893,9 @@ std::unique_ptr<Block> BlockRecorder::finish() {
   auto block = std::make_unique<Block>(std::move(m.block));
   for (const RecordedKernel& k : block->kernels) {
     if (k.one_thread) continue;
+    if (block->one_thread) block->not_one_thread = k.op->operator_name().name;
     block->one_thread = false;
-    block->not_one_thread = k.op->operator_name().name;
-    break;
+    ++block->program_count_kernels;
   }
   // Each table entry is dropped after its last reader (or at once where nothing reads it), so a
   // replayed iteration holds no more memory than the recorded one did.

@@ -148,6 +148,7 @@ struct Block {
   // only) shows in the bits of generic data.
   bool one_thread = true;       // derived from the kernels' flags when the block is finished
   std::string not_one_thread;  // the first kernel that gave other bits with one thread
+  uint32_t program_count_kernels = 0;  // kernels replayed with the program's count (not one_thread)
 };
 
 // Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's

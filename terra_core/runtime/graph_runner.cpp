@@ -371,7 +371,10 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.checked += c.checked;
     total.verdicts_reused += c.verdicts_reused;
     total.one_thread_per_op += c.one_thread_per_op;
-    if (!c.not_one_thread.empty()) total.not_one_thread = c.not_one_thread;
+    if (!c.not_one_thread.empty()) {
+      total.not_one_thread = c.not_one_thread;
+      total.program_count_kernels = c.program_count_kernels;
+    }
     total.refused += c.refused;
     total.left += c.left;
     total.bound += c.bound;
@@ -560,7 +563,10 @@ void GraphRunner::end_iteration() {
         it->second = it->second && one;  // every block that holds the item must agree
       }
       c.one_thread += block->one_thread;
-      if (!block->one_thread) c.not_one_thread = block->not_one_thread;
+      if (!block->one_thread) {
+        c.not_one_thread = block->not_one_thread;
+        c.program_count_kernels = block->program_count_kernels;
+      }
       b.entry->block = std::move(block);
       ++c.recorded;
     } else {

@@ -179,6 +179,7 @@ class GraphRunner {
     // kernels gives the program's bits so (BlockStore::one_thread_items).
     uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
+    uint32_t program_count_kernels = 0;  // how many of its kernels did (Block::program_count_kernels)
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
     uint64_t bound = 0;       // items run through autograd with their kernels bound to a block

@@ -1293,6 +1293,33 @@ def test_draws_from_the_programs_own_generator_follow_its_reseeding():
     assert s["iterations_coexecuted"] >= 15, s
 
 
+def reseeded_default_generator(steps=30):
+    """Draws from the default generator, pending in the GraphRunner behind slow work while the
+    program reseeds, saves and restores it through the generator object's own methods."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 256)
+    out = []
+    for step in range(steps):
+        h = busy(x, x, 3)
+        noise = torch.randn(4)  # pending behind `busy` when the program touches the generator
+        if step % 3 == 0:
+            torch.default_generator.manual_seed(step)
+        elif step % 3 == 1:
+            state = torch.default_generator.get_state()
+            out.append(torch.randn(2).sum())
+            torch.default_generator.set_state(state)
+        out.append(h.sum() + noise.sum() + torch.randn(4).sum())
+    return out
+
+
+def test_the_default_generators_own_methods_wait_for_pending_draws():
+    # torch.default_generator.manual_seed/get_state/set_state are methods of an immutable C type:
+    # they ran at once, before the draws issued earlier and still pending, which then took the
+    # new seed's (or the restored state's) numbers.
+    s, _ = coexecuted_as_eager(reseeded_default_generator)
+    assert s["iterations_coexecuted"] >= 15, s
+
+
 def fresh_generator_per_epoch(epochs=16):
     """A DataLoader-style shuffle: a new generator each epoch, seeded from the default one."""
     torch.manual_seed(0)

@@ -62,6 +62,18 @@ def _synced(original):
     return synced
 
 
+def _default_synced(method):
+    """A torch.Generator method that waits for the GraphRunner when called on a default
+    generator, whose draws it runs in issue order."""
+    @functools.wraps(method)
+    def synced(self, *args, **kwargs):
+        if self.device.type != "cpu" or self is torch.default_generator:
+            _C.sync()
+        return method(self, *args, **kwargs)
+
+    return synced
+
+
 def _run_backward(t_outputs, *args, **kwargs):
     return _C.backward(_original_run_backward, tuple(t_outputs), *args, **kwargs)
 
@@ -100,6 +112,14 @@ _FETCHES = ("__repr__", "__format__", "tolist", "__reduce_ex__", "__deepcopy__")
 # changes what items issued before still read, so these wait for everything issued.
 _EXPOSING = ("numpy", "__array__", "data_ptr", "untyped_storage", "storage", "_typed_storage")
 _RNG = ("manual_seed", "seed", "get_rng_state", "set_rng_state", "initial_seed")
+# The same through a generator object's own methods (`torch.default_generator.manual_seed(0)`):
+# draws from the default generators run in the GraphRunner, so these wait for it when called on
+# one (a generator of the program's own draws in the program thread: no wait).
+_GENERATOR = ("manual_seed", "seed", "get_state", "set_state", "get_offset", "set_offset",
+              "graphsafe_get_state", "graphsafe_set_state", "clone_state", "__getstate__",
+              "__setstate__", "__reduce__")
+# Types Python refuses to change attributes of (immutable C types), changed through _C.
+_IMMUTABLE = (torch._C.Generator,)
 # Process-wide settings kernels read when they run (runtime/thread_state.h): ops issued before a
 # change must run under the old setting.
 _SETTINGS = ("set_default_dtype", "set_default_tensor_type", "use_deterministic_algorithms",
@@ -113,7 +133,14 @@ _BACKEND_SETTERS = tuple(n for n in dir(torch._C) if n.startswith("_set_") and a
 
 def _set(owner, name, value, saved=_saved):
     saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
-    setattr(owner, name, value)
+    _setattr(owner, name, value)
+
+
+def _setattr(owner, name, value):
+    if owner in _IMMUTABLE:
+        _C.set_type_attribute(owner, name, value)
+    else:
+        setattr(owner, name, value)
 
 
 def _restore(saved):
@@ -124,7 +151,7 @@ def _restore(saved):
         if value is _MISSING:
             delattr(owner, name)
         else:
-            setattr(owner, name, value)
+            _setattr(owner, name, value)
 
 
 _MISSING = object()
@@ -198,6 +225,9 @@ def install():
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))
+    for name in _GENERATOR:
+        if name in torch._C.Generator.__dict__:
+            _set(torch._C.Generator, name, _default_synced(torch._C.Generator.__dict__[name]))
 
 
 _fast = []  # what fast_path(True) replaced, for _restore
