@@ -1264,8 +1264,12 @@ def test_a_leaf_made_by_a_factorys_requires_grad_gets_its_gradient(replay, detac
     # `torch.zeros_like(x, requires_grad=True)` sets requires_grad on the op's result outside the
     # dispatcher: on a placeholder, the GraphRunner never saw it and raised (the first op reading
     # it was traced with history); after a divergence its .grad was None.
+    before = terra.config()["replay"]
     terra.config(replay=replay)
-    s, _ = coexecuted_as_eager(adversarial_training, detach=detach)
+    try:
+        s, _ = coexecuted_as_eager(adversarial_training, detach=detach)
+    finally:
+        terra.config(replay=before)  # the tests after this one replay (they did not: left off)
     assert s["iterations_coexecuted"] >= 12, s
     assert s["iterations_fallback"] == 0, s
 
