@@ -9,11 +9,15 @@ OpenMP worker). Per child: the program's `make(0)`, 10 warm-up steps, then 5 tim
 `--steps` steps; medians.
 
     .venv/bin/python bench/forced_coexec.py [--base /tmp/base/build/python] [--rounds 3] \\
-        [--out bench/results/forced_coexec] resnet dcgan gpt
+        [--worker-spin spin,sleep] [--out bench/results/forced_coexec] resnet dcgan gpt
+
+`--worker-spin` runs this build once per listed setting of what the GraphRunner's idle OpenMP
+workers do (TERRA_WORKER_SPIN; runtime/openmp_team.h) instead of once with the default.
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -25,18 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def other_threads_cpu_s():
-    """CPU seconds of every thread of this process but the calling one (/proc schedstat)."""
-    me = str(__import__("threading").get_native_id())
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        if tid == me:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total * 1e-9
+    """CPU seconds of every thread of this process but the calling one, those that ended too
+    (OpenMP workers exit when the GraphRunner's pool is released at the end of each terra.run:
+    read per live thread, their spinning went uncounted)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime - time.thread_time()
 
 
 def child(name, mode, steps):
@@ -66,8 +63,8 @@ def child(name, mode, steps):
     print(json.dumps(out))
 
 
-def spawn(name, mode, steps, pythonpath=None):
-    return run_child(__file__, (name, mode, steps), pythonpath, {"TERRA_ADAPTIVE": "0"})
+def spawn(name, mode, steps, pythonpath=None, env=None):
+    return run_child(__file__, (name, mode, steps), pythonpath, {"TERRA_ADAPTIVE": "0", **(env or {})})
 
 
 def main():
@@ -76,18 +73,21 @@ def main():
     ap.add_argument("--base", help="PYTHONPATH of a baseline build's terra package")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--worker-spin", help="comma-separated TERRA_WORKER_SPIN settings to run this build with")
     ap.add_argument("--out", help="write <out>.json and <out>.md")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], int(args.child[2]))
-    builds = [("this", None)] + ([("base", args.base)] if args.base else [])
+    spins = args.worker_spin.split(",") if args.worker_spin else []
+    builds = ([(s, None, {"TERRA_WORKER_SPIN": s}) for s in spins] or [("this", None, None)]) + \
+        ([("base", args.base, None)] if args.base else [])
     runs = {}
     for _ in range(args.rounds):
         for name in args.programs:
             runs.setdefault((name, "eager"), []).append(spawn(name, "eager", args.steps))
-            for label, path in builds:
-                runs.setdefault((name, label), []).append(spawn(name, "terra", args.steps, path))
+            for label, path, env in builds:
+                runs.setdefault((name, label), []).append(spawn(name, "terra", args.steps, path, env))
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     lines = ["# Forced co-execution against eager (bench/forced_coexec.py)", "",
              f"{time.strftime('%Y-%m-%dT%H:%M:%S')}, {args.rounds} interleaved rounds of fresh processes, "
@@ -95,12 +95,12 @@ def main():
              "program: the program thread's CPU; others: every other thread's CPU (GraphRunner, "
              "OpenMP workers)." + (f" base: {args.base}" if args.base else ""), "",
              "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} / eager"
-                                                   for b, _ in builds) + " |",
+                                                   for b, _, _ in builds) + " |",
              "|---|---:|" + "---:|---:|---:|---:|" * len(builds)]
     for name in args.programs:
         e = med(runs[(name, "eager")], "wall")
         cells = []
-        for label, _ in builds:
+        for label, _, _ in builds:
             rs = runs[(name, label)]
             cells += [f"{med(rs, 'wall'):.2f}", f"{med(rs, 'program'):.2f}", f"{med(rs, 'others'):.2f}",
                       f"{med(rs, 'wall') / e:.2f}"]

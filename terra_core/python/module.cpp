@@ -262,6 +262,12 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "replay") p.replay = item.second.cast<bool>();
       else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
+      else if (key == "worker_spin") {
+        const auto name = item.second.cast<std::string>();
+        const auto w = terra::runtime::Policy::parse_worker_spin(name);
+        if (!w) throw py::value_error("worker_spin must be auto, spin or sleep, not " + name);
+        p.worker_spin = *w;
+      }
       else if (key == "payoff_check_budget") {
         const double budget = item.second.cast<double>();
         if (!(budget > 0)) throw py::value_error("payoff_check_budget must be above 0");
@@ -279,6 +285,7 @@ PYBIND11_MODULE(_C, m) {
     d["fast_path"] = p.fast_path;
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;
+    d["worker_spin"] = terra::runtime::Policy::worker_spin_name(p.worker_spin);
     return d;
   });
   m.def("set_eager_hold_switch", [](py::function hold) {

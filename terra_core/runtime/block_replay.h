@@ -46,6 +46,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "openmp_team.h"
+
 namespace torch::autograd {
 struct Node;
 }
@@ -273,7 +275,8 @@ class BlockReplayer {
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
   bool spread(const RecordedKernel& k, int threads) const {
-    return k.one_thread && k.spread && threads > 1 && program_waits_ && program_waits_();
+    return k.one_thread && k.spread && threads > 1 && !openmp_spinning_limited() && program_waits_ &&
+           program_waits_();
   }
 };
 

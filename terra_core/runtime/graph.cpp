@@ -171,6 +171,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"iterations_eager_chosen", g.iterations_eager_chosen},
           {"iterations_unsteady", g.iterations_unsteady},
           {"payoff", payoff_json(g.payoff)},
+          {"openmp_spinning", payoff_json(g.spinning)},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},

@@ -80,6 +80,10 @@ struct Graph {
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.
   terra::Payoff payoff;
+  // Whether its co-executed iterations run faster with the GraphRunner's idle OpenMP workers
+  // asleep (openmp_team.h, limit_openmp_spinning): the same check, its "eager" mode being
+  // co-execution with the limit on.
+  terra::Payoff spinning;
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.

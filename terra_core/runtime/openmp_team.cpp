@@ -1,12 +1,21 @@
 #include "openmp_team.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <new>
+#include <thread>
 
 namespace terra::runtime {
 
 namespace {
 
 using PauseAll = int (*)(int kind);
+// What `#pragma omp parallel num_threads(n)` compiles to (libgomp's ABI).
+using Parallel = void (*)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
 constexpr int kPauseSoft = 1;  // omp_pause_soft: free the threads, keep the settings
 
 // A function of the OpenMP runtime PyTorch loaded (the wheel bundles its own libgomp), or of the
@@ -21,7 +30,73 @@ F find(const char* name, const char* library) {
   return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
 }
 
+// The thread that holds the idle pool for limit_openmp_spinning: it sleeps until the wanted state
+// changes. Made on first use and never joined (its state is never freed, so process exit and
+// static destruction cannot race it).
+struct SpinLimiter {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::condition_variable settled;  // holds == want again
+  bool want = false;
+  bool holds = false;
+  bool started = false;
+
+  void loop(Parallel parallel) {
+    pthread_setname_np(pthread_self(), "terra-omp-idle");
+    std::unique_lock<std::mutex> lock(mutex);
+    for (;;) {
+      changed.wait(lock, [&] { return want != holds; });
+      const bool hold = want;
+      lock.unlock();
+      if (hold) {
+        parallel([](void*) {}, nullptr, 2, 0);  // an empty two-thread region: the pool
+      } else {
+        release_openmp_team();
+      }
+      lock.lock();
+      holds = hold;
+      settled.notify_all();
+    }
+  }
+};
+
+std::atomic<bool> g_limited{false};  // limit_openmp_spinning's last call, for spinning_limited
+
+SpinLimiter* limiter() {
+  static SpinLimiter* const instance = [] {
+    // A forked child (a DataLoader worker) has no such thread, and its copy of the mutex may
+    // have been held by it: start afresh there.
+    pthread_atfork(nullptr, nullptr, [] { new (limiter()) SpinLimiter(); });
+    return new SpinLimiter();
+  }();
+  return instance;
+}
+
 }  // namespace
+
+void limit_openmp_spinning(bool on) {
+  static const Parallel parallel = find<Parallel>("GOMP_parallel", "libgomp.so.1");
+  if (!parallel) return;
+  g_limited.store(on, std::memory_order_relaxed);
+  SpinLimiter* l = limiter();
+  std::lock_guard<std::mutex> lock(l->mutex);
+  if (l->want == on) return;
+  l->want = on;
+  if (!l->started) {
+    l->started = true;
+    std::thread([l] { l->loop(parallel); }).detach();
+  }
+  l->changed.notify_one();
+}
+
+void settle_openmp_spinning() {
+  SpinLimiter* l = limiter();
+  std::unique_lock<std::mutex> lock(l->mutex);
+  if (l->started) l->settled.wait(lock, [&] { return l->holds == l->want; });
+}
+
+bool openmp_spinning_limited() { return g_limited.load(std::memory_order_relaxed); }
+
 
 void set_intraop_threads(int n) {
   static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");

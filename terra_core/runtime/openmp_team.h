@@ -45,4 +45,36 @@ void release_openmp_team();
 // (every convolution of the program rebuilds its primitive); it resizes the pthreadpool.
 void set_intraop_threads(int n);
 
+// While the GraphRunner holds the team, its idle workers should wait asleep, not spinning.
+//
+// After each parallel region libgomp's workers spin for the next one: about 9 ms on this 2-core
+// machine (GOMP_SPINCOUNT's default of 300000 pauses), unless the process holds more OpenMP
+// threads than CPUs, when they spin 1000 pauses (about 30 us) and then sleep. Co-executing, the
+// GraphRunner replays most kernels with one thread but some with the program's count (kernels
+// whose bits depend on it, layer_norm's backward; large ones while the program waits), so its
+// worker spun nearly all the time on the core the program thread needed: measured on hf_bert,
+// forced co-execution, 10-12 ms of CPU per step beyond the GraphRunner's own 10, on 2 cores.
+//
+// But a sleeping worker costs a wake-up (a futex, about 70 us more per parallel region after a
+// gap here), and programs whose GraphRunner runs many parallel regions lost: forced co-execution
+// with the limit always on, per step, base -> limited (bench/results/openmp_spin.md): hf_llama
+// 9.7 -> 7.0 ms and hf_bert 12.0 -> 10.2, but resnet 9.4 -> 12.8 and music_transformer 10.3 ->
+// 13.7. So each graph times its co-executed iterations both ways and keeps the faster
+// (Graph::spinning, a Payoff whose "eager" mode is co-execution with the limit on).
+//
+// `true` makes a thread of Terra's own hold an idle two-thread pool (it and one worker, both
+// asleep), so the process holds more OpenMP threads than CPUs and libgomp's short spin applies;
+// `false` releases that pool, and eager execution spins as it always does. Both return at once:
+// the thread does the work (a parallel region that makes the pool, omp_pause_resource_all). Only
+// the time idle workers spin changes: nothing runs with another thread count. A no-op without
+// libgomp.
+void limit_openmp_spinning(bool on);
+// Waits until the last limit_openmp_spinning call has taken effect (the pool made or released):
+// leaving co-execution, the program's own parallel regions then find one pool, its own.
+void settle_openmp_spinning();
+// Whether the limit is on (the last call's `on`): a kernel is then not spread over the program's
+// threads to speed the GraphRunner up while the program waits (RecordedKernel::spread), since
+// each spread would wait for a worker to wake.
+bool openmp_spinning_limited();
+
 }  // namespace terra::runtime

@@ -53,6 +53,10 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // grew 78-184 MB over eager's, 66-114 with 32 (forced co-execution of resnet, gpt and dcgan
 // within noise of each other).
 constexpr uint64_t kAheadBytes = 32ull << 20;
+// Co-execution with the GraphRunner's idle OpenMP workers spinning (as eager's do) is kept while
+// it takes at most (1 + this) times its time with them asleep (Graph::spinning): the limit has to
+// pay for its wake-ups clearly, the iteration times being noisy.
+constexpr double kSpinMargin = 0.03;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program
@@ -391,13 +395,24 @@ void PythonRunner::end_iteration() {
     // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
     // one also measured the GraphRunner in its steady state (coexec_seconds).
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
-    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
-                          policy_.payoff_check_budget);
+    // Co-execution is timed against eager execution in its better spinning mode: while that is
+    // being chosen, the payoff check's timing of co-execution waits.
+    const bool spin_undecided = !chosen_eager_ && choosing_spin() &&
+                                graph_->spinning.phase() != terra::Payoff::Phase::Hold;
+    if (!spin_undecided || graph_->payoff.phase() != terra::Payoff::Phase::MeasureCoExec) {
+      graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
+                            policy_.payoff_check_budget);
+    }
+    if (!chosen_eager_ && choosing_spin()) {
+      graph_->spinning.record(boundary_, spin_limited_, clean && previous_spin_limited_ == spin_limited_,
+                              seconds, kSpinMargin, policy_.payoff_check_budget);
+    }
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
   }
   previous_mode_ = mode_;
+  previous_spin_limited_ = spin_limited_;
   // The GraphRunner has every item of this iteration: it may record it as a block, or it has
   // replayed one (block_replay.h).
   if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
@@ -483,6 +498,9 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner_team_ = true;
   }
   if (want == Mode::CoExec) runner().set_replay(policy_.replay);
+  spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
+                                           (choosing_spin() && graph_->spinning.eager()));
+  limit_openmp_spinning(runner_team_ && spin_limited_);
   mode_ = want;
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
@@ -502,6 +520,21 @@ PythonRunner::Mode PythonRunner::stable_mode() {
   if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
   chosen_eager_ = true;
   return Mode::Eager;
+}
+
+const char* Policy::worker_spin_name(WorkerSpin w) {
+  return w == WorkerSpin::Spin ? "spin" : w == WorkerSpin::Sleep ? "sleep" : "auto";
+}
+
+std::optional<Policy::WorkerSpin> Policy::parse_worker_spin(const std::string& name) {
+  for (WorkerSpin w : {WorkerSpin::Auto, WorkerSpin::Spin, WorkerSpin::Sleep})
+    if (name == worker_spin_name(w)) return w;
+  return std::nullopt;
+}
+
+Policy::WorkerSpin Policy::worker_spin_from_env() {
+  const char* value = std::getenv("TERRA_WORKER_SPIN");
+  return value ? parse_worker_spin(value).value_or(WorkerSpin::Auto) : WorkerSpin::Auto;
 }
 
 bool Policy::on_unless_zero(const char* env) {
@@ -1223,8 +1256,12 @@ void PythonRunner::take_team_back(bool always) {
     GilReleased unlocked;  // the ring may be full
     seq = runner_->issue_control(move ? OpKind::ReleaseTeam : OpKind::ClearAutocastCache);
   }
-  if (move) runner_team_ = false;
+  if (move) {
+    runner_team_ = false;
+    limit_openmp_spinning(false);  // released meanwhile, by the limiter's thread
+  }
   wait_for(seq);
+  if (move) settle_openmp_spinning();
 }
 
 void PythonRunner::catch_up(bool move_team) {

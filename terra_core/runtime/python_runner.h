@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <thread>
@@ -53,8 +54,17 @@ struct Policy {
   // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
   bool fast_path = on_unless_zero("TERRA_FAST_PATH");
+  // What the GraphRunner's idle OpenMP workers do while co-executing (openmp_team.h,
+  // limit_openmp_spinning): Auto times both and keeps the faster per graph (with `adaptive`;
+  // without, they spin), Spin as eager execution's do, Sleep soon after each parallel region.
+  // The default comes from TERRA_WORKER_SPIN (auto, spin or sleep).
+  enum class WorkerSpin : uint8_t { Auto, Spin, Sleep };
+  WorkerSpin worker_spin = worker_spin_from_env();
+  static const char* worker_spin_name(WorkerSpin w);
+  static std::optional<WorkerSpin> parse_worker_spin(const std::string& name);
   // A default from the environment: on unless the variable is "0".
   static bool on_unless_zero(const char* env);
+  static WorkerSpin worker_spin_from_env();
 };
 
 class PythonRunner {
@@ -171,6 +181,10 @@ class PythonRunner {
   bool team_may_move();          // rate limit of team moves (kTeamMoveNs)
   int64_t last_team_move_ns_ = 0;
   bool runner_team_ = false;     // the GraphRunner may hold an OpenMP pool
+  // This co-executed iteration runs with the GraphRunner's idle OpenMP workers asleep
+  // (Graph::spinning chose it), and whether the one before did.
+  bool spin_limited_ = false, previous_spin_limited_ = false;
+  bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   void wait_for(uint64_t seq);

@@ -219,6 +219,7 @@ for _j in range(len(_keys) + 1):
     ("%terra config nosuch=1", "key=value"),
     ("%terra on extra", "takes no arguments"),
     ("%terra config adaptive=maybe", "expected on/off"),
+    ("%terra config worker_spin=fast", "one of auto, spin, sleep"),
     ("%terra graph In[999]", "no graph"),
 ])
 def test_bad_magic_arguments_give_usage_not_traceback(kc, command, expected):
@@ -239,6 +240,16 @@ def test_magics_report(kc):
     assert "warmup = 2" in ok(kc, "%terra config")
     assert "Terra:" not in ok(kc, TRAIN.format(steps=5, extra=""), summary=True)
     ok(kc, "%terra config warmup=1 summary=on")
+    ok(kc, "%terra config worker_spin=sleep")
+    assert "worker_spin = sleep" in ok(kc, "%terra config")
+    ok(kc, "%terra config worker_spin=auto")
+    # What explain says of a graph whose timing chose the GraphRunner's workers asleep (the
+    # choice itself follows measured times, so the line is checked on given ones).
+    line = ok(kc, "from terra_kernel.magics import spin_line\n"
+                  "print(spin_line({'checks': 1, 'choice': 'eager', 'eager_ms': 7.0, 'coexec_ms': 9.5, "
+                  "'next_check_in': 32}), spin_line({'checks': 1, 'choice': 'co-execute'}))")
+    assert "workers asleep: 7.000 ms per iteration, 9.500 ms with them spinning" in line, line
+    assert line.strip().endswith("None"), line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
 

@@ -1324,6 +1324,60 @@ def test_the_default_generators_own_methods_wait_for_pending_draws():
     assert s["iterations_coexecuted"] >= 15, s
 
 
+def layer_norm_steps(steps=40):
+    """A small training loop whose backward has a kernel that keeps the program's intra-op
+    thread count when replayed (layer_norm's backward splits its sums by thread), reading the
+    loss every step so the program waits for the GraphRunner."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(512, 64), torch.randn(512, 1)
+    losses = []
+    for _ in range(steps):
+        loss = (model(x) - y).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses + [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_graph_runners_workers_asleep_change_no_result():
+    # worker_spin="sleep" holds an idle OpenMP pool so libgomp's workers spin briefly: only the
+    # wait between parallel regions changes, every kernel keeps its thread count; and kernels
+    # are not spread over the program's threads while it waits (each spread would wait for a
+    # worker to wake), except in the drain at the end, where the limit is lifted (spinning:
+    # about 5 spreads per iteration here).
+    terra.config(worker_spin="sleep")
+    try:
+        s, _ = coexecuted_as_eager(layer_norm_steps)
+    finally:
+        terra.config(worker_spin="auto")
+    assert s["iterations_replayed"] >= 20, s
+    assert s["kernels_spread_while_waited"] <= s["iterations_replayed"] // 8, s
+
+
+def test_each_graph_times_its_workers_spinning_and_asleep():
+    # With the payoff check on, a graph first times its co-executed iterations with the
+    # GraphRunner's idle workers spinning and asleep, then keeps the faster (stats:
+    # openmp_spinning), before timing co-execution against eager execution.
+    terra.config(adaptive=True)
+    try:
+        s, _ = coexecuted_as_eager(layer_norm_steps, steps=60)
+    finally:
+        terra.config(adaptive=False)
+    spin = s["openmp_spinning"]
+    assert spin["checks"] >= 1 and spin["coexec_ms"] > 0 and spin["eager_ms"] > 0, spin
+    assert s["payoff"]["checks"] >= 1, s["payoff"]
+
+
+def test_worker_spin_takes_auto_spin_or_sleep():
+    with pytest.raises(ValueError, match="auto, spin or sleep"):
+        terra.config(worker_spin="fast")
+    assert terra.config()["worker_spin"] == "auto"
+
+
 def fresh_generator_per_epoch(epochs=16):
     """A DataLoader-style shuffle: a new generator each epoch, seeded from the default one."""
     torch.manual_seed(0)

@@ -40,9 +40,11 @@ SETTINGS = {
     "adaptive": "time co-execution against eager execution and run the faster (on/off)",
     "replay": "replay recorded iterations below autograd in the GraphRunner (on/off)",
     "fast_path": "hot Tensor methods and torch functions skip PyTorch's binding while co-executing (on/off)",
+    "worker_spin": "the GraphRunner's idle OpenMP workers: spin, sleep, or auto (time both, keep the faster)",
     "summary": "print a one-line summary after each co-executed cell (on/off)",
 }
 BOOLEAN_SETTINGS = ("adaptive", "replay", "fast_path", "summary")
+CHOICE_SETTINGS = {"worker_spin": ("auto", "spin", "sleep")}
 
 
 def _bool(text):
@@ -174,6 +176,10 @@ class TerraMagics(Magics):
             if line:
                 found = True
                 print(f"{self.cells.labels.get(name, name)}: {line}")
+            line = spin_line(stats.get("openmp_spinning"))
+            if line:
+                found = True
+                print(f"{self.cells.labels.get(name, name)}: {line}")
             line = replay_line(stats)
             if line:
                 found = True
@@ -269,6 +275,11 @@ class TerraMagics(Magics):
                                  f"got {arg!r}")
             if key in BOOLEAN_SETTINGS:
                 changes[key] = _bool(value)
+            elif key in CHOICE_SETTINGS:
+                if value not in CHOICE_SETTINGS[key]:
+                    raise UsageError(f"%terra config: {key} is one of {', '.join(CHOICE_SETTINGS[key])}; "
+                                     f"got {value!r}")
+                changes[key] = value
             else:
                 try:
                     changes[key] = int(value)
@@ -324,6 +335,17 @@ def payoff_line(payoff):
     return (f"runs eagerly: co-executed it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "
             f"{payoff['eager_ms']:.3f} ms (checked again in {payoff['next_check_in']} iterations; "
             f"%terra config adaptive=off co-executes it anyway)")
+
+
+def spin_line(spinning):
+    """What a graph's timing of the GraphRunner's idle OpenMP workers chose, for explain; None
+    before its first check or while they spin (as eager execution's do)."""
+    if not spinning or spinning["checks"] == 0 or spinning["choice"] != "eager":
+        return None
+    return (f"co-executes with the GraphRunner's idle OpenMP workers asleep: "
+            f"{spinning['eager_ms']:.3f} ms per iteration, {spinning['coexec_ms']:.3f} ms with them "
+            f"spinning (checked again in {spinning['next_check_in']} iterations; "
+            f"%terra config worker_spin=spin|sleep fixes it)")
 
 
 def _options(command, args, known):

@@ -383,5 +383,8 @@ def config(**settings):
     GraphRunner replays recorded iterations below autograd; TERRA_REPLAY=0 turns it off by
     default) and fast_path (hot Tensor methods and torch functions enter the engine without
     PyTorch's argument parser and dispatcher while co-executing; TERRA_FAST_PATH=0 turns it off
-    by default)."""
+    by default) and worker_spin (what the GraphRunner's idle OpenMP workers do while
+    co-executing: "spin" as eager's do, "sleep" soon after each parallel region, leaving the
+    core to Python, or "auto", the default: each graph times both and keeps the faster;
+    TERRA_WORKER_SPIN sets the default)."""
     return _c().policy(**settings)
