@@ -225,6 +225,9 @@ PYBIND11_MODULE(_C, m) {
     if (PyErr_Occurred()) throw py::error_already_set();
   },
         "Makes a placeholder an ordinary tensor (waits for its value).");
+  m.def("expose", [](const at::Tensor& t) { return R().expose(t); },
+        "A NumPy array now shares t's memory: ops read it when issued until unexpose(key).");
+  m.def("unexpose", [](uintptr_t key) { R().unexpose(key); });
   m.def("clear_autocast_cache", [] { R().clear_autocast_cache(); },
         "torch.clear_autocast_cache while Terra is active: also the GraphRunner's, in order.");
   m.def("set_file_label", [](py::object fn) {

@@ -80,10 +80,13 @@ struct Graph {
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.
   terra::Payoff payoff;
-  // Whether its co-executed iterations run faster with the GraphRunner's idle OpenMP workers
-  // asleep (openmp_team.h, limit_openmp_spinning): the same check, its "eager" mode being
-  // co-execution with the limit on.
-  terra::Payoff spinning;
+  // Its co-executed iterations run with the GraphRunner's idle OpenMP workers asleep
+  // (openmp_team.h, limit_openmp_spinning). Flipped each time the payoff check finds co-execution
+  // slower than eager execution, so its next timing of co-execution tries the workers the other
+  // way (Policy::worker_spin auto): where the spinning workers took the program's core, asleep
+  // may win; where co-execution wins, they stay as they are, and nothing extra is timed.
+  bool workers_asleep = false;
+  uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.

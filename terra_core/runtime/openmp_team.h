@@ -56,11 +56,13 @@ void set_intraop_threads(int n);
 // forced co-execution, 10-12 ms of CPU per step beyond the GraphRunner's own 10, on 2 cores.
 //
 // But a sleeping worker costs a wake-up (a futex, about 70 us more per parallel region after a
-// gap here), and programs whose GraphRunner runs many parallel regions lost: forced co-execution
-// with the limit always on, per step, base -> limited (bench/results/openmp_spin.md): hf_llama
-// 9.7 -> 7.0 ms and hf_bert 12.0 -> 10.2, but resnet 9.4 -> 12.8 and music_transformer 10.3 ->
-// 13.7. So each graph times its co-executed iterations both ways and keeps the faster
-// (Graph::spinning, a Payoff whose "eager" mode is co-execution with the limit on).
+// gap here), and programs whose GraphRunner runs many parallel regions lost: forced co-execution,
+// step time against eager's, spinning -> asleep (bench/results/worker_spin_forced.md): hf_llama
+// 1.23 -> 0.95, hf_bert 1.52 -> 1.46, gpt 1.32 -> 1.33, but resnet 1.00 -> 1.49, dcgan 1.11 ->
+// 1.40, music_transformer 1.21 -> 1.31. So a graph co-executes with its workers asleep only when
+// co-execution with them spinning lost to eager execution, and keeps them so while that wins
+// (Graph::workers_asleep). Timing both ways up front cost short programs too much: corpus
+// programs of 30-60 iterations took up to 4x eager's step time, their payoff check delayed.
 //
 // `true` makes a thread of Terra's own hold an idle two-thread pool (it and one worker, both
 // asleep), so the process holds more OpenMP threads than CPUs and libgomp's short spin applies;

@@ -53,10 +53,6 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // grew 78-184 MB over eager's, 66-114 with 32 (forced co-execution of resnet, gpt and dcgan
 // within noise of each other).
 constexpr uint64_t kAheadBytes = 32ull << 20;
-// Co-execution with the GraphRunner's idle OpenMP workers spinning (as eager's do) is kept while
-// it takes at most (1 + this) times its time with them asleep (Graph::spinning): the limit has to
-// pay for its wake-ups clearly, the iteration times being noisy.
-constexpr double kSpinMargin = 0.03;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program
@@ -111,7 +107,7 @@ bool program_only(const at::Tensor& x, const torch::jit::Stack& stack) {
 const c10::DeleterFnPtr kFromBlobDeleter =
     c10::InefficientStdFunctionContext::makeDataPtr(nullptr, [](void*) {}, c10::Device(c10::kCPU)).get_deleter();
 
-bool python_memory(const at::Tensor& x) {  // x: not a placeholder
+bool from_blob(const at::Tensor& x) {  // x: not a placeholder
   return x.defined() && x.has_storage() && x.storage().data_ptr().get_deleter() == kFromBlobDeleter;
 }
 
@@ -395,24 +391,18 @@ void PythonRunner::end_iteration() {
     // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
     // one also measured the GraphRunner in its steady state (coexec_seconds).
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
-    // Co-execution is timed against eager execution in its better spinning mode: while that is
-    // being chosen, the payoff check's timing of co-execution waits.
-    const bool spin_undecided = !chosen_eager_ && choosing_spin() &&
-                                graph_->spinning.phase() != terra::Payoff::Phase::Hold;
-    if (!spin_undecided || graph_->payoff.phase() != terra::Payoff::Phase::MeasureCoExec) {
-      graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
-                            policy_.payoff_check_budget);
-    }
-    if (!chosen_eager_ && choosing_spin()) {
-      graph_->spinning.record(boundary_, spin_limited_, clean && previous_spin_limited_ == spin_limited_,
-                              seconds, kSpinMargin, policy_.payoff_check_budget);
-    }
+    const uint32_t checks = graph_->payoff.checks();
+    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
+                          policy_.payoff_check_budget);
+    // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
+    // wholly so): its next timing tries them the other way (Graph::workers_asleep).
+    if (choosing_spin() && graph_->payoff.checks() != checks && graph_->payoff.choice_eager())
+      graph_->workers_asleep = !graph_->workers_asleep;
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
   }
   previous_mode_ = mode_;
-  previous_spin_limited_ = spin_limited_;
   // The GraphRunner has every item of this iteration: it may record it as a block, or it has
   // replayed one (block_replay.h).
   if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
@@ -499,7 +489,8 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   }
   if (want == Mode::CoExec) runner().set_replay(policy_.replay);
   spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
-                                           (choosing_spin() && graph_->spinning.eager()));
+                                           (choosing_spin() && graph_->workers_asleep));
+  graph_->iterations_workers_asleep += spin_limited_;
   limit_openmp_spinning(runner_team_ && spin_limited_);
   mode_ = want;
   iteration_mode_ = mode_;
@@ -1297,6 +1288,31 @@ void PythonRunner::materialize(PyObject* obj) {
     wait_for(needed_seq(t));  // a real tensor (a parameter, say) may have writes in flight
   }
   raise_if_failed();
+}
+
+bool PythonRunner::python_memory(const at::Tensor& x) const {  // x: not a placeholder
+  if (from_blob(x)) return true;
+  if (exposed_.empty() || !x.defined() || !x.has_storage()) return false;
+  auto it = exposed_.find(x.storage().unsafeGetStorageImpl());
+  return it != exposed_.end() && it->second.storage.lock().get() == it->first;
+}
+
+uintptr_t PythonRunner::expose(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || !t.device().is_cpu() || as_placeholder(t)) return 0;
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  auto it = exposed_.find(impl);
+  if (it != exposed_.end() && it->second.storage.lock().get() != impl) {
+    exposed_.erase(it);  // a dead storage's address, reused
+    it = exposed_.end();
+  }
+  if (it == exposed_.end()) it = exposed_.emplace(impl, Exposed{t.storage().getWeakStorageImpl(), 0}).first;
+  ++it->second.arrays;
+  return reinterpret_cast<uintptr_t>(impl);
+}
+
+void PythonRunner::unexpose(uintptr_t key) {
+  auto it = exposed_.find(reinterpret_cast<const c10::StorageImpl*>(key));
+  if (it != exposed_.end() && --it->second.arrays <= 0) exposed_.erase(it);
 }
 
 void PythonRunner::sync() {

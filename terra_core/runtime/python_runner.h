@@ -55,8 +55,9 @@ struct Policy {
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
   bool fast_path = on_unless_zero("TERRA_FAST_PATH");
   // What the GraphRunner's idle OpenMP workers do while co-executing (openmp_team.h,
-  // limit_openmp_spinning): Auto times both and keeps the faster per graph (with `adaptive`;
-  // without, they spin), Spin as eager execution's do, Sleep soon after each parallel region.
+  // limit_openmp_spinning): Auto, with `adaptive`, tries them asleep where co-execution with them
+  // spinning lost to eager execution (Graph::workers_asleep; without `adaptive` they spin), Spin
+  // as eager execution's do, Sleep soon after each parallel region.
   // The default comes from TERRA_WORKER_SPIN (auto, spin or sleep).
   enum class WorkerSpin : uint8_t { Auto, Spin, Sleep };
   WorkerSpin worker_spin = worker_spin_from_env();
@@ -105,6 +106,11 @@ class PythonRunner {
   // Makes a placeholder's Python object an ordinary tensor (waits for its value). GIL held.
   void materialize(PyObject* tensor);
   void sync();  // waits for all issued work; raises a pending GraphRunner error
+  // A NumPy array over a tensor's memory was handed to Python (`t.numpy()`, `np.asarray(t)`):
+  // until `unexpose(key)` (the array died), the program may write that memory at any time, so
+  // ops read it as from_numpy memory (python_memory). Returns the key, 0 if nothing to track.
+  uintptr_t expose(const at::Tensor& t);
+  void unexpose(uintptr_t key);
   // torch.clear_autocast_cache (an autocast region ended): clears the program thread's cache and,
   // while co-executing, the GraphRunner's, in issue order (thread_state.h).
   void clear_autocast_cache();
@@ -182,8 +188,8 @@ class PythonRunner {
   int64_t last_team_move_ns_ = 0;
   bool runner_team_ = false;     // the GraphRunner may hold an OpenMP pool
   // This co-executed iteration runs with the GraphRunner's idle OpenMP workers asleep
-  // (Graph::spinning chose it), and whether the one before did.
-  bool spin_limited_ = false, previous_spin_limited_ = false;
+  // (Graph::workers_asleep, or the policy).
+  bool spin_limited_ = false;
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);
@@ -250,6 +256,15 @@ class PythonRunner {
     uint64_t read = 0, write = 0;
   };
   std::unordered_map<const c10::StorageImpl*, ScalarUse> scalar_use_;
+  // Storages NumPy arrays share (expose), with how many such arrays are alive.
+  struct Exposed {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int arrays = 0;
+  };
+  std::unordered_map<const c10::StorageImpl*, Exposed> exposed_;
+  // Memory the program can change without an op: from_blob memory (from_numpy, frombuffer,
+  // DLPack) or memory an alive NumPy array shares (expose).
+  bool python_memory(const at::Tensor& x) const;
   bool run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   int paused_ = 0;
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown), and the issue

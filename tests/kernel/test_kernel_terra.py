@@ -246,9 +246,9 @@ def test_magics_report(kc):
     # What explain says of a graph whose timing chose the GraphRunner's workers asleep (the
     # choice itself follows measured times, so the line is checked on given ones).
     line = ok(kc, "from terra_kernel.magics import spin_line\n"
-                  "print(spin_line({'checks': 1, 'choice': 'eager', 'eager_ms': 7.0, 'coexec_ms': 9.5, "
-                  "'next_check_in': 32}), spin_line({'checks': 1, 'choice': 'co-execute'}))")
-    assert "workers asleep: 7.000 ms per iteration, 9.500 ms with them spinning" in line, line
+                  "print(spin_line({'workers_asleep': True, 'payoff': {'checks': 2, 'choice': 'co-execute'}}), "
+                  "spin_line({'workers_asleep': True, 'payoff': {'checks': 1, 'choice': 'eager'}}))")
+    assert "workers asleep: with them spinning, co-execution was slower" in line, line
     assert line.strip().endswith("None"), line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()

@@ -176,7 +176,7 @@ class TerraMagics(Magics):
             if line:
                 found = True
                 print(f"{self.cells.labels.get(name, name)}: {line}")
-            line = spin_line(stats.get("openmp_spinning"))
+            line = spin_line(stats)
             if line:
                 found = True
                 print(f"{self.cells.labels.get(name, name)}: {line}")
@@ -337,15 +337,15 @@ def payoff_line(payoff):
             f"%terra config adaptive=off co-executes it anyway)")
 
 
-def spin_line(spinning):
-    """What a graph's timing of the GraphRunner's idle OpenMP workers chose, for explain; None
-    before its first check or while they spin (as eager execution's do)."""
-    if not spinning or spinning["checks"] == 0 or spinning["choice"] != "eager":
+def spin_line(stats):
+    """For explain: a graph that co-executes with the GraphRunner's idle OpenMP workers asleep
+    because with them spinning (as eager execution's do) it lost to eager execution; else None."""
+    payoff = stats["payoff"]
+    if not stats.get("workers_asleep") or payoff["checks"] == 0 or payoff["choice"] == "eager":
         return None
-    return (f"co-executes with the GraphRunner's idle OpenMP workers asleep: "
-            f"{spinning['eager_ms']:.3f} ms per iteration, {spinning['coexec_ms']:.3f} ms with them "
-            f"spinning (checked again in {spinning['next_check_in']} iterations; "
-            f"%terra config worker_spin=spin|sleep fixes it)")
+    return ("co-executes with the GraphRunner's idle OpenMP workers asleep: with them spinning, "
+            "co-execution was slower than eager execution (%terra config worker_spin=spin|sleep "
+            "fixes it)")
 
 
 def _options(command, args, known):

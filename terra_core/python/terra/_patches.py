@@ -23,7 +23,9 @@ session is open (and restored exactly afterwards):
   every tangent made in it, so entering and leaving wait for the GraphRunner first.
 """
 import functools
+import sys
 import threading
+import weakref
 
 import torch
 import torch._functorch.predispatch as _predispatch
@@ -38,7 +40,9 @@ _base_grad = torch._C.TensorBase.grad
 
 def _fetching(original, exposes=False):
     """`original` on the tensor's value; `exposes`: it hands Python the tensor's memory itself
-    (_EXPOSING), so it also waits for everything issued."""
+    (_EXPOSING), so it also waits for everything issued, and a NumPy array it returns is
+    tracked: while it lives, the program may write the tensor through it at any time, so ops
+    read the tensor when issued (PythonRunner::expose)."""
     @functools.wraps(original)
     def fetch(self, *args, **kwargs):
         _C.materialize(self)
@@ -46,11 +50,21 @@ def _fetching(original, exposes=False):
             _C.sync()
         _C.pause()
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
         finally:
             _C.resume()
+        if exposes and _is_ndarray(result):
+            key = _C.expose(self)
+            if key:
+                weakref.finalize(result, _C.unexpose, key)
+        return result
 
     return fetch
+
+
+def _is_ndarray(value):
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
 
 
 def _synced(original):
