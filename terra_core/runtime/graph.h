@@ -86,6 +86,7 @@ struct Graph {
   // way (Policy::worker_spin auto): where the spinning workers took the program's core, asleep
   // may win; where co-execution wins, they stay as they are, and nothing extra is timed.
   bool workers_asleep = false;
+  bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   double traced_seconds = 0, coexec_seconds = 0;
 

@@ -53,6 +53,9 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // grew 78-184 MB over eager's, 66-114 with 32 (forced co-execution of resnet, gpt and dcgan
 // within noise of each other).
 constexpr uint64_t kAheadBytes = 32ull << 20;
+// Eager iterations after co-execution first lost with the GraphRunner's idle workers spinning,
+// before it is timed with them asleep (Graph::workers_asleep).
+constexpr int64_t kFirstAsleepRecheck = 8;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program
@@ -396,8 +399,14 @@ void PythonRunner::end_iteration() {
                           policy_.payoff_check_budget);
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep).
-    if (choosing_spin() && graph_->payoff.checks() != checks && graph_->payoff.choice_eager())
+    if (choosing_spin() && graph_->payoff.checks() != checks && graph_->payoff.choice_eager()) {
       graph_->workers_asleep = !graph_->workers_asleep;
+      // The first loss: time co-execution with them asleep soon, not after a hold that grows
+      // with how much slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps
+      // co-executed, its asleep timing late).
+      if (!graph_->tried_workers_asleep) graph_->payoff.recheck_within(kFirstAsleepRecheck);
+      graph_->tried_workers_asleep = true;
+    }
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time

@@ -21,11 +21,14 @@ MAX_HOLD = 8192  # terra::Payoff::kMaxHold
 
 @pytest.fixture(autouse=True)
 def adaptive():
+    # The idle workers stay as they are: after co-execution first loses, the check would time
+    # it again soon with them asleep (test_engine.py tests that), shortening the holds here.
     terra.reset()
     before = terra.config()
+    terra.config(worker_spin="spin")
     yield
     terra.config(adaptive=before["adaptive"], payoff_margin=before["payoff_margin"],
-                 payoff_check_budget=before["payoff_check_budget"])
+                 payoff_check_budget=before["payoff_check_budget"], worker_spin=before["worker_spin"])
     terra.reset()
 
 

@@ -30,6 +30,7 @@
 // Plain C++ on plain numbers: the runtime feeds it iteration times and asks which mode is next.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <unordered_map>
@@ -61,6 +62,11 @@ class Payoff {
   // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
   void record_traced(uint64_t loop, double seconds);
 
+  // Re-times the mode not chosen after at most `iterations` more (a shorter hold): another way
+  // of running that mode is to be tried.
+  void recheck_within(int64_t iterations) {
+    if (phase_ == Phase::Hold) hold_left_ = std::min(hold_left_, iterations);
+  }
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
