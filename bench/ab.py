@@ -23,6 +23,7 @@ to eager (medians over rounds; same definitions as bench/corpus.py) and co-execu
 geometric means; `--out` writes them as JSON.
 """
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -81,6 +82,20 @@ def run_child(script, args, pythonpath=None, env=None):
     if out.returncode:
         raise SystemExit(f"{' '.join(map(str, args))} ({pythonpath or 'this build'}) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def benchmark_program(name, mode):
+    """In a child: bench/programs/<name> made with seed 0, two intra-op threads, and a function
+    running k of its steps eagerly or through terra.run (`mode` "terra")."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    torch.set_num_threads(2)
+    prog = importlib.import_module("bench.programs." + name)
+    state = prog.make(0)
+    if mode == "terra":
+        import terra
+        return lambda k: terra.run(prog.train, state, k)
+    return lambda k: prog.train(state, k)
 
 
 def spawn(name, mode, pythonpath=None, loop=-1):

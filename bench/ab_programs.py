@@ -4,8 +4,8 @@ runs them (the payoff check on), each in a fresh process, in interleaved rounds.
 bench/forced_coexec.py times co-execution itself; this times what the payoff check makes of it,
 warm-up and re-checks included: per process, `make(0)`, then 300 steps through `terra.run` in 6
 runs of 50 (or plain calls, eagerly). Prints per program and round the mean ms per step over
-all 300 and the faster of the last two runs, for eager, the base build and this one, and what
-this build's checks chose.
+all 300 and the faster of the last two runs, for eager, the base build and this one, with how
+many steps each build co-executed (and with the GraphRunner's workers asleep).
 
     .venv/bin/python bench/ab_programs.py --base /tmp/base/build/python [--rounds 5] \\
         [--out bench/results/ab_programs] hf_llama hf_bert gpt resnet
@@ -13,28 +13,16 @@ this build's checks chose.
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from ab import run_child  # bench/ab.py
+from ab import benchmark_program, run_child  # bench/ab.py
 
-ROOT = Path(__file__).resolve().parents[1]
 RUNS, STEPS = 6, 50
 
 
 def child(name, mode):
-    sys.path.insert(0, str(ROOT))
-    import importlib
-    import torch
-    torch.set_num_threads(2)
-    prog = importlib.import_module("bench.programs." + name)
-    state = prog.make(0)
-    if mode == "terra":
-        import terra
-        run = lambda k: terra.run(prog.train, state, k)  # noqa: E731
-    else:
-        run = lambda k: prog.train(state, k)  # noqa: E731
+    run = benchmark_program(name, mode)
     times = []
     for _ in range(RUNS):
         t0 = time.perf_counter()
@@ -42,9 +30,10 @@ def child(name, mode):
         times.append((time.perf_counter() - t0) / STEPS * 1e3)
     out = {"whole": sum(times) / RUNS, "last": min(times[-2:])}
     if mode == "terra":
+        import terra
         s = terra.stats("train")
         out["coexecuted"] = s["iterations_coexecuted"]
-        out["spin_choice"] = s.get("openmp_spinning", {}).get("choice", "-")
+        out["workers_asleep"] = s.get("iterations_workers_asleep", 0)
     print(json.dumps(out))
 
 

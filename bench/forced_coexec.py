@@ -19,13 +19,11 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from ab import run_child  # bench/ab.py
+from ab import benchmark_program, run_child  # bench/ab.py
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def other_threads_cpu_s():
@@ -37,17 +35,7 @@ def other_threads_cpu_s():
 
 
 def child(name, mode, steps):
-    sys.path.insert(0, str(ROOT))
-    import importlib
-    import torch
-    torch.set_num_threads(2)
-    prog = importlib.import_module("bench.programs." + name)
-    state = prog.make(0)
-    if mode == "terra":
-        import terra
-        run = lambda k: terra.run(prog.train, state, k)  # noqa: E731
-    else:
-        run = lambda k: prog.train(state, k)  # noqa: E731
+    run = benchmark_program(name, mode)
     run(10)
     rows = []
     for _ in range(5):
@@ -57,6 +45,7 @@ def child(name, mode, steps):
                      (other_threads_cpu_s() - o0) / steps * 1e3))
     out = {k: statistics.median(r[i] for r in rows) for i, k in enumerate(("wall", "program", "others"))}
     if mode == "terra":
+        import terra
         s = terra.stats("train")
         out["replayed"] = s["iterations_replayed"]
         out["spread"] = s.get("kernels_spread_while_waited", 0)

@@ -66,7 +66,10 @@ SpinLimiter* limiter() {
   static SpinLimiter* const instance = [] {
     // A forked child (a DataLoader worker) has no such thread, and its copy of the mutex may
     // have been held by it: start afresh there.
-    pthread_atfork(nullptr, nullptr, [] { new (limiter()) SpinLimiter(); });
+    pthread_atfork(nullptr, nullptr, [] {
+      new (limiter()) SpinLimiter();
+      g_limited.store(false, std::memory_order_relaxed);
+    });
     return new SpinLimiter();
   }();
   return instance;
@@ -77,10 +80,11 @@ SpinLimiter* limiter() {
 void limit_openmp_spinning(bool on) {
   static const Parallel parallel = find<Parallel>("GOMP_parallel", "libgomp.so.1");
   if (!parallel) return;
-  g_limited.store(on, std::memory_order_relaxed);
+  // Called at every iteration start: no lock when nothing changes (g_limited is `want`, kept
+  // lock-free for openmp_spinning_limited).
+  if (g_limited.exchange(on, std::memory_order_relaxed) == on) return;
   SpinLimiter* l = limiter();
   std::lock_guard<std::mutex> lock(l->mutex);
-  if (l->want == on) return;
   l->want = on;
   if (!l->started) {
     l->started = true;

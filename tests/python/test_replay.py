@@ -2,6 +2,7 @@
 kernels recorded from an earlier one, below autograd. Each test compares against eager PyTorch in
 the same process, bitwise, and checks from the graph's counters that replay did (or did not) run.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,16 @@ import corpus  # noqa: E402  (tests/programs/corpus.py)
 def replay_on(fresh_graphs):  # tests/python/conftest.py
     terra.config(replay=True)
 
+
+@contextlib.contextmanager
+def intra_op_threads(n):
+    """The program's intra-op thread count set to `n` for the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 def train(steps, fetch_before_backward=False, keep=None):
     torch.manual_seed(0)
@@ -85,13 +96,9 @@ def test_a_fetch_before_the_backward_runs_the_forward_through_autograd():
     # With two intra-op threads, the bound kernels whose recording found the same bits with one
     # run with one, as replayed ones do (their parallel regions woke an OpenMP worker that spun on
     # the core the program's Python needs).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         eager = train(20, fetch_before_backward=True)
         coexec = terra.run(train, 20, fetch_before_backward=True)
-    finally:
-        torch.set_num_threads(threads)
     assert same_state(eager, coexec)
     s = terra.stats("train")
     assert s["iterations_coexecuted"] >= 10, s
@@ -124,12 +131,8 @@ def test_long_kernels_run_with_the_programs_threads_while_the_program_waits():
     # program's Python runs beside it; while the program thread waits (here at `.item()`), a long
     # one (a 16x16x32x32 convolution) runs with the program's count, as eagerly. Same bits
     # either way.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         (me, le), (mc, lc) = conv_train(15), terra.run(conv_train, 15)
-    finally:
-        torch.set_num_threads(threads)
     assert le == lc
     assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters()))
     s = terra.stats("conv_train")
@@ -140,12 +143,8 @@ def test_long_kernels_run_with_the_programs_threads_while_the_program_waits():
 def test_long_bound_kernels_run_with_the_programs_threads_while_the_program_waits():
     # `loss.item()` before the backward: the forward runs through autograd with its kernels
     # bound to the block, and its long kernels take the program's threads while it waits.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         (me, le), (mc, lc) = conv_train(15, True), terra.run(conv_train, 15, True)
-    finally:
-        torch.set_num_threads(threads)
     assert le == lc
     assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters()))
     s = terra.stats("conv_train")
@@ -199,9 +198,7 @@ def test_one_thread_verdicts_are_reused_by_later_recordings_bitwise():
     # A recording checks each kernel with one thread on copies (Block::one_thread); the verdict
     # is kept per kernel signature for the process, so the next recording of the same kernels
     # runs them with one thread at once instead of three more times on copies.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         eager = train(12)
         first = terra.run(train, 12)
         s1 = terra.stats("train")
@@ -210,12 +207,12 @@ def test_one_thread_verdicts_are_reused_by_later_recordings_bitwise():
         s2 = terra.stats("train")
         # A setting that chooses kernels is part of the signature: checked again under it.
         torch.use_deterministic_algorithms(True)
-        terra.reset()
-        third = terra.run(train, 12)
-        s3 = terra.stats("train")
-    finally:
-        torch.use_deterministic_algorithms(False)
-        torch.set_num_threads(threads)
+        try:
+            terra.reset()
+            third = terra.run(train, 12)
+            s3 = terra.stats("train")
+        finally:
+            torch.use_deterministic_algorithms(False)
     assert same_state(eager, third)
     assert s3["kernels_checked"] > 0, s3
     assert same_state(eager, first) and same_state(eager, second)
@@ -242,13 +239,9 @@ def with_empty_like(steps=12):
 
 
 def test_a_kernel_that_only_allocates_does_not_keep_a_block_to_the_programs_thread_count():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         eager = with_empty_like()
         coexec = terra.run(with_empty_like)
-    finally:
-        torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
     s = terra.stats("with_empty_like")
     assert s["iterations_replayed"] >= 5, s
@@ -284,16 +277,12 @@ def test_items_run_op_by_op_use_one_thread_where_their_recording_found_the_same_
     # Items the GraphRunner runs op by op (replay off here; in general: iterations not replayed)
     # run with one thread where the block recorded for them found that each of their kernels gives
     # the program's bits with one, so their parallel regions do not compete with the program thread.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         eager = train(30)
         terra.run(train, 12)  # records a block: per item, whether one thread gives the same bits
         assert terra.stats("train")["blocks_recorded"] >= 1
         terra.config(replay=False)
         coexec = terra.run(train, 30)
-    finally:
-        torch.set_num_threads(threads)
     assert same_state(eager, coexec)
     s = terra.stats("train")
     assert s["iterations_coexecuted"] >= 20, s
@@ -426,14 +415,10 @@ def test_a_reduction_whose_bits_depend_on_the_thread_count_keeps_the_programs_co
     # from eager in some iterations. It now tries up to 20 and stops at the first difference.
     # (In a fresh process the samples are the same each run, and here the first one already
     # differs: this pins the verdict for this kernel, not the odds of a single sample.)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         eager = long_sum()
         terra.config(adaptive=False)
         coexec = terra.run(long_sum)
-    finally:
-        torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
     s = terra.stats("long_sum")
     assert s["iterations_replayed"] >= 5, s

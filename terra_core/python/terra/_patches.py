@@ -67,25 +67,22 @@ def _is_ndarray(value):
     return numpy is not None and isinstance(value, numpy.ndarray)
 
 
-def _synced(original):
+def _synced(original, needed=None):
+    """`original`, run once the GraphRunner has caught up; `needed(*args, **kwargs)` says when a
+    call must wait (default: always)."""
     @functools.wraps(original)
     def synced(*args, **kwargs):
-        _C.sync()
+        if needed is None or needed(*args, **kwargs):
+            _C.sync()
         return original(*args, **kwargs)
 
     return synced
 
 
-def _default_synced(method):
-    """A torch.Generator method that waits for the GraphRunner when called on a default
-    generator, whose draws it runs in issue order."""
-    @functools.wraps(method)
-    def synced(self, *args, **kwargs):
-        if self.device.type != "cpu" or self is torch.default_generator:
-            _C.sync()
-        return method(self, *args, **kwargs)
-
-    return synced
+def _default_generator(self, *args, **kwargs):
+    """Whether a torch.Generator method's `self` is a default generator, whose draws the
+    GraphRunner runs in issue order (a generator of the program's own draws in its thread)."""
+    return self.device.type != "cpu" or self is torch.default_generator
 
 
 def _run_backward(t_outputs, *args, **kwargs):
@@ -241,7 +238,7 @@ def install():
         _set(torch.random, name, _synced(getattr(torch.random, name)))
     for name in _GENERATOR:
         if name in torch._C.Generator.__dict__:
-            _set(torch._C.Generator, name, _default_synced(torch._C.Generator.__dict__[name]))
+            _set(torch._C.Generator, name, _synced(torch._C.Generator.__dict__[name], _default_generator))
 
 
 _fast = []  # what fast_path(True) replaced, for _restore
