@@ -986,6 +986,101 @@ c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
 
 }  // namespace
 
+namespace {
+
+// Two recordings' pieces that replay alike (a constant tensor only as the very same tensor).
+bool same_recorded(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() || b.isTensor()) return a.isTensor() && b.isTensor() && a.toTensor().is_same(b.toTensor());
+  return same_number(a, b);
+}
+
+bool same_ref(const Block& a, const Ref& x, const Block& b, const Ref& y);
+
+bool same_refs(const Block& a, const std::vector<Ref>& x, const Block& b, const std::vector<Ref>& y) {
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!same_ref(a, x[i], b, y[i])) return false;
+  return true;
+}
+
+bool same_leaf(const Block& a, uint32_t x, const Block& b, uint32_t y) {
+  return x == y && x < a.leaves.size() && y < b.leaves.size() && same_ref(a, a.leaves[x], b, b.leaves[y]) &&
+         a.leaf_loads[x] == b.leaf_loads[y];
+}
+
+bool same_ref(const Block& a, const Ref& x, const Block& b, const Ref& y) {
+  if (x.kind != y.kind || x.elem != y.elem) return false;
+  switch (x.kind) {
+    case Ref::Kind::Value: return x.id == y.id;
+    case Ref::Kind::Const: return same_recorded(x.constant, y.constant);
+    case Ref::Kind::Grad: return same_leaf(a, x.id, b, y.id);
+    case Ref::Kind::List:
+      return (x.element_type == y.element_type ||
+              (x.element_type && y.element_type && *x.element_type == *y.element_type)) &&
+             same_refs(a, x.list, b, y.list);
+  }
+  return false;
+}
+
+bool same_kernel(const Block& a, const RecordedKernel& x, const Block& b, const RecordedKernel& y) {
+  return x.op == y.op && x.keys == y.keys && x.first_out == y.first_out && x.outs == y.outs &&
+         x.written == y.written && x.view == y.view && x.one_thread == y.one_thread &&
+         x.spread == y.spread && x.release == y.release && same_refs(a, x.args, b, y.args);
+}
+
+bool same_load(const ItemPlan::Load& x, const ItemPlan::Load& y) {
+  return x.arg == y.arg && x.elem == y.elem && x.id == y.id && x.same_item == y.same_item &&
+         x.same_load == y.same_load;
+}
+
+bool same_item(const Block& a, const ItemPlan& x, const Block& b, const ItemPlan& y) {
+  if (x.kind != y.kind || x.node != y.node || x.op != y.op || x.autograd != y.autograd ||
+      x.covered_by != y.covered_by || x.kernels_begin != y.kernels_begin ||
+      x.kernels_end != y.kernels_end || x.out_table != y.out_table || x.release != y.release ||
+      x.loads.size() != y.loads.size() || x.guards.size() != y.guards.size() ||
+      x.grad_fns.size() != y.grad_fns.size() || x.effects.size() != y.effects.size() ||
+      x.leaf_states.size() != y.leaf_states.size() || !same_refs(a, x.outs, b, y.outs))
+    return false;
+  for (size_t i = 0; i < x.loads.size(); ++i)
+    if (!same_load(x.loads[i], y.loads[i])) return false;
+  for (size_t i = 0; i < x.guards.size(); ++i)
+    if (x.guards[i].first != y.guards[i].first || !same_number(x.guards[i].second, y.guards[i].second))
+      return false;
+  for (size_t i = 0; i < x.grad_fns.size(); ++i) {
+    const int32_t n = x.grad_fns[i], m = y.grad_fns[i];
+    if ((n < 0) != (m < 0)) return false;
+    if (n >= 0 && a.grad_fn_names[static_cast<size_t>(n)] != b.grad_fn_names[static_cast<size_t>(m)])
+      return false;
+  }
+  for (size_t i = 0; i < x.effects.size(); ++i)
+    if (!same_leaf(a, x.effects[i].leaf, b, y.effects[i].leaf) ||
+        !same_ref(a, x.effects[i].value, b, y.effects[i].value))
+      return false;
+  for (size_t i = 0; i < x.leaf_states.size(); ++i) {
+    const auto &s = x.leaf_states[i], &t = y.leaf_states[i];
+    if (!same_leaf(a, s.leaf, b, t.leaf) || s.before != t.before || s.after != t.after) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool same_beginning(const Block& a, const Block& b, uint32_t items) {
+  if (a.graph != b.graph || items > a.items.size() || items > b.items.size()) return false;
+  for (uint32_t i = 0; i < items; ++i)
+    if (!same_item(a, a.items[i], b, b.items[i])) return false;
+  const uint32_t kernels = items == 0 ? 0 : a.items[items - 1].kernels_end;
+  for (uint32_t k = 0; k < kernels; ++k)
+    if (!same_kernel(a, a.kernels[k], b, b.kernels[k])) return false;
+  return true;
+}
+
+void BlockReplayer::switch_to(const Block& block) {
+  block_ = &block;
+  table_.resize(block.table_size);
+  freed_.assign(block.grad_fn_names.size() + 1, {});
+}
+
 void BlockReplayer::start(const Block& block) {
   block_ = &block;
   next_ = 0;
