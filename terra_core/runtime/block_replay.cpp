@@ -1161,11 +1161,7 @@ bool BlockReplayer::grads_as_recorded(uint32_t index,
 
 bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
                             const std::function<const WorkItem*(uint32_t)>& earlier) const {
-  return follows(*block_, index, item, earlier);
-}
-
-bool BlockReplayer::follows(const Block& block, uint32_t index, const WorkItem& item,
-                            const std::function<const WorkItem*(uint32_t)>& earlier) const {
+  const Block& block = *block_;
   if (index >= block.items.size() || item.graph != block.graph) return false;
   const ItemPlan& p = block.items[index];
   if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
@@ -1177,7 +1173,7 @@ bool BlockReplayer::follows(const Block& block, uint32_t index, const WorkItem& 
     const auto j = static_cast<uint32_t>(l.same_item);
     const ItemPlan::Load& o = block.items[j].loads[l.same_load];
     c10::IValue before;
-    if (j < next_ && &block == block_) {
+    if (j < next_) {
       before = table_[o.id];
     } else if (const WorkItem* w = earlier(j)) {
       if (unfilled(raw_item_arg(*w, o.arg, o.elem))) continue;

@@ -225,10 +225,6 @@ class BlockReplayer {
   // where it has not been replayed yet.
   bool follows(uint32_t index, const WorkItem& item,
                const std::function<const WorkItem*(uint32_t)>& earlier) const;
-  // The same for another block, of which nothing has been replayed (every earlier item from
-  // `earlier`).
-  bool follows(const Block& block, uint32_t index, const WorkItem& item,
-               const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Whether, when the Backward item `index` runs, each leaf it reaches will have a gradient
   // exactly where the recorded one had: from the leaves' gradients now, through the GradWrite
   // and Backward items from `next()` to `index`.

@@ -111,14 +111,14 @@ struct BlockStore {
     int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
     int misses = 0;    // consecutive iterations that left every recorded path
     // Iterations still to record, after a miss, to catch the path that was missed: a recording
-    // of a path already recorded is dropped and counts one down.
+    // of a path already recorded is dropped and counts one down (with four paths in turn, three
+    // tries recorded the three others every time).
     int record = 0;
-    uint8_t recent_misses = 0;  // one bit per iteration, the latest lowest: it left every path
   };
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;       // with kMaxVariants recorded: misses before a new one
   static constexpr size_t kMaxVariants = 8;
-  static constexpr int kRecordTries = 4;
+  static constexpr int kRecordTries = static_cast<int>(kMaxVariants);
   static constexpr size_t kMaxEntries = 4096;
   // By the iteration's first item (graph, node, kind) and its second item's node: the branches of
   // a loop that alternates them (a GAN's generator and discriminator steps) mostly begin with the
@@ -441,62 +441,15 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
       b.forks.count(b.first) ? second_node(item, seq) : BlockStore::kNoSecond;
   BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind), second}];
   b.entry = &e;
-  e.recent_misses = static_cast<uint8_t>(e.recent_misses << 1);
-  bool record = e.refusals < BlockStore::kMaxRefusals && (e.blocks.empty() || e.record > 0);
-  b.variant = 0;
-  if (record && !e.blocks.empty()) {
-    // A path to catch: recorded only if the iteration's items show it is not a known one
-    // (recording every iteration until a new path came took the replays' place where a path is
-    // rare: corpus p16's printing steps, 29 -> 5 of 66 iterations replayed).
-    const int known = known_path(item, seq);
-    if (known >= 0) b.variant = static_cast<size_t>(known);
-    // Unknown (the program waited for a value first): recorded, as a try (dropped if known),
-    // where paths are missed often (two of the last eight iterations): after a one-off miss (a
-    // step that raised, corpus p15) such recordings took the replays' place. Known: replayed,
-    // and one try fewer (the path missed may come later).
-    const bool often = __builtin_popcount(e.recent_misses) >= 2;
-    record = known == kNewPath || (known == kUnknownPath && often);
-    if (!record) --e.record;
-  }
+  const bool record = e.refusals < BlockStore::kMaxRefusals && (e.blocks.empty() || e.record > 0);
   if (!record && !e.blocks.empty()) {
-    b.replayer.start(*e.blocks[b.variant]);
+    b.variant = 0;
+    b.replayer.start(*e.blocks[0]);
     b.state = BlockStore::State::Replaying;
   } else if (record) {
     b.recorder = std::make_unique<BlockRecorder>(item.graph);
     b.state = BlockStore::State::Recording;
   }
-}
-
-int GraphRunner::known_path(const WorkItem& first, uint64_t seq) {
-  // The iteration's items, waited for (unless the program waits for this thread) until none or
-  // one of the recorded paths is left that they follow to the iteration's end.
-  BlockStore& b = *blocks_;
-  const auto& blocks = b.entry->blocks;
-  std::vector<const Block*> viable;
-  for (const auto& v : blocks) viable.push_back(v.get());
-  std::vector<uint64_t> seqs;
-  auto earlier = [&](uint32_t j) -> const WorkItem* {
-    return j < seqs.size() ? &ring_[(seqs[j] - 1) % ring_.size()] : nullptr;
-  };
-  for (uint64_t s = seq; !viable.empty(); ++s) {
-    if (!await_published(s)) return kUnknownPath;
-    const WorkItem& w = ring_[(s - 1) % ring_.size()];
-    if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
-    if (w.kind == OpKind::EndIteration || w.iteration != first.iteration) {
-      for (const Block* v : viable) {
-        if (v->items.size() == seqs.size())
-          return static_cast<int>(std::find_if(blocks.begin(), blocks.end(),
-                                               [&](const auto& x) { return x.get() == v; }) - blocks.begin());
-      }
-      return kNewPath;
-    }
-    const auto j = static_cast<uint32_t>(seqs.size());
-    seqs.push_back(s);
-    viable.erase(std::remove_if(viable.begin(), viable.end(), [&](const Block* v) {
-                   return !b.replayer.follows(*v, j, w, earlier);
-                 }), viable.end());
-  }
-  return kNewPath;
 }
 
 uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
@@ -522,7 +475,6 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     }
     // A block recorded under other gradient states is stale at once (the program's gradients
     // are kept across iterations now: it is recorded again).
-    if (b.entry) b.entry->recent_misses |= 1;
     if (BlockStore::Entry* e = b.entry; e && stale) {
       e->blocks.erase(e->blocks.begin() + static_cast<std::ptrdiff_t>(b.variant));
     } else if (e && ++e->misses >= (e->blocks.size() < BlockStore::kMaxVariants ? 1 : BlockStore::kMaxMisses)) {

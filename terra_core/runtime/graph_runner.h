@@ -216,11 +216,6 @@ class GraphRunner {
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
   bool switch_variant(uint32_t j, const WorkItem* w, const std::function<const WorkItem*(uint32_t)>& earlier);
-  // Of the current entry's recorded paths, the one the whole iteration starting at `first`
-  // (item `seq`) follows; kNewPath if it follows none; kUnknownPath if the program waited for
-  // this thread before that was known.
-  static constexpr int kUnknownPath = -1, kNewPath = -2;
-  int known_path(const WorkItem& first, uint64_t seq);
   bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
