@@ -32,7 +32,6 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"blocks_one_thread", c.one_thread},   {"blocks_refused", c.refused},
           {"replay_refusal", c.last_refusal},    {"items_bound", c.bound},
           {"replays_left", c.left},              {"replay_left_why", c.last_left},
-          {"replay_path_switches", c.switches},
           {"grad_reads_between_replayed_items", c.extra_reads},
           {"bound_kernels_one_thread", c.bound_one_thread},
           {"kernels_spread_while_waited", c.spread},

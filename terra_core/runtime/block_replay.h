@@ -153,11 +153,6 @@ struct Block {
   uint32_t program_count_kernels = 0;  // kernels replayed with the program's count (not one_thread)
 };
 
-// Whether the first `items` items of `a` and `b` (two recordings of one iteration's start that
-// took different paths later) replay exactly alike: the same items, kernels, table entries,
-// constants and releases, so that a replay of `a` that has run them may go on with `b`.
-bool same_beginning(const Block& a, const Block& b, uint32_t items);
-
 // Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's
 // ordinary execution; the dispatcher hook calls `kernel_begin`/`kernel_end` while `active()`.
 class BlockRecorder {
@@ -217,9 +212,6 @@ class BlockReplayer {
  public:
   void start(const Block& block);
   void finish();  // drops what the table still holds
-  // Goes on with `block`, another recording of the same iteration whose first `next()` items
-  // replay exactly as the current one's (same_beginning): the table holds what they made.
-  void switch_to(const Block& block);
   // Whether `item` can be item `index` of the block: same graph, node and kind, its Python numbers
   // as guarded, its tensors aliasing as recorded. `earlier(j)` gives item j of this iteration
   // where it has not been replayed yet.

@@ -102,23 +102,12 @@ void fill_output(WorkItem& item, size_t k, const at::Tensor& value) {
 // The blocks recorded so far and the iteration being recorded or replayed (GraphRunner thread).
 struct BlockStore {
   struct Entry {
-    // Recordings of the paths the iteration took (a branch on a fetched value, layers skipped at
-    // random), the one replayed last first. A replay that meets an item its block lacks goes on
-    // with another whose beginning replays alike (GraphRunner::switch_variant): with one block,
-    // stochastic depth's iterations (16 paths) left it at the first skipped layer and ran the
-    // rest through autograd (corpus p08: 6 of 60 co-executed iterations replayed whole).
-    std::vector<std::unique_ptr<Block>> blocks;
+    std::unique_ptr<Block> block;
     int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
-    int misses = 0;    // consecutive iterations that left every recorded path
-    // Iterations still to record, after a miss, to catch the path that was missed: a recording
-    // of a path already recorded is dropped and counts one down (with four paths in turn, three
-    // tries recorded the three others every time).
-    int record = 0;
+    int misses = 0;    // consecutive iterations that left the block (then it is recorded again)
   };
   static constexpr int kMaxRefusals = 3;
-  static constexpr int kMaxMisses = 4;       // with kMaxVariants recorded: misses before a new one
-  static constexpr size_t kMaxVariants = 8;
-  static constexpr int kRecordTries = static_cast<int>(kMaxVariants);
+  static constexpr int kMaxMisses = 4;
   static constexpr size_t kMaxEntries = 4096;
   // By the iteration's first item (graph, node, kind) and its second item's node: the branches of
   // a loop that alternates them (a GAN's generator and discriminator steps) mostly begin with the
@@ -151,7 +140,6 @@ struct BlockStore {
   uint64_t iteration = ~uint64_t{0};
   uint64_t graph = 0;  // Graph::serial of the iteration's items
   Entry* entry = nullptr;
-  size_t variant = 0;  // the block of entry->blocks being replayed
   std::unique_ptr<BlockRecorder> recorder;
   BlockReplayer replayer;
   // Sequence numbers of the block's items known to follow it (replayed or looked ahead at), and
@@ -160,7 +148,6 @@ struct BlockStore {
   uint64_t scanned = 0;
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
-  uint64_t switches = 0;                // GraphRunner::switch_variant, until flush_counts
   uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
   uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
@@ -390,7 +377,6 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     }
     total.refused += c.refused;
     total.left += c.left;
-    total.switches += c.switches;
     total.bound += c.bound;
     total.extra_reads += c.extra_reads;
     total.bound_one_thread += c.bound_one_thread;
@@ -408,7 +394,7 @@ void GraphRunner::flush_counts() {
   const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
   const uint64_t spread = b.replayer.spread() - b.spread_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0 && b.switches == 0 && bound_one_thread == 0 && spread == 0)
+      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -417,8 +403,6 @@ void GraphRunner::flush_counts() {
   c.kernels += kernels;
   c.one_thread_per_op += b.items_one_thread;
   c.extra_reads += b.extra_reads;
-  c.switches += b.switches;
-  b.switches = 0;
   b.items = b.items_bound = b.items_one_thread = b.extra_reads = 0;
   b.kernels_counted = b.replayer.kernels();
   c.bound_one_thread += bound_one_thread;
@@ -441,12 +425,10 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
       b.forks.count(b.first) ? second_node(item, seq) : BlockStore::kNoSecond;
   BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind), second}];
   b.entry = &e;
-  const bool record = e.refusals < BlockStore::kMaxRefusals && (e.blocks.empty() || e.record > 0);
-  if (!record && !e.blocks.empty()) {
-    b.variant = 0;
-    b.replayer.start(*e.blocks[0]);
+  if (e.block) {
+    b.replayer.start(*e.block);
     b.state = BlockStore::State::Replaying;
-  } else if (record) {
+  } else if (e.refusals < BlockStore::kMaxRefusals) {
     b.recorder = std::make_unique<BlockRecorder>(item.graph);
     b.state = BlockStore::State::Recording;
   }
@@ -475,11 +457,9 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     }
     // A block recorded under other gradient states is stale at once (the program's gradients
     // are kept across iterations now: it is recorded again).
-    if (BlockStore::Entry* e = b.entry; e && stale) {
-      e->blocks.erase(e->blocks.begin() + static_cast<std::ptrdiff_t>(b.variant));
-    } else if (e && ++e->misses >= (e->blocks.size() < BlockStore::kMaxVariants ? 1 : BlockStore::kMaxMisses)) {
-      e->misses = 0;
-      e->record = BlockStore::kRecordTries;  // the coming iterations record, to catch this path
+    if (b.entry && (++b.entry->misses >= BlockStore::kMaxMisses || stale)) {
+      b.entry->block.reset();
+      b.entry->misses = 0;
     }
     b.replayer.finish();
     b.state = BlockStore::State::PerOp;
@@ -492,47 +472,41 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
   if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier)) {
     if (extra_grad_read(item)) return true;
-    if (looked_ahead || !switch_variant(index, &item, earlier)) {
-      if (index == 1) b.note_fork();
-      return leave("item");
-    }
+    if (index == 1) b.note_fork();
+    return leave("item");
   }
   if (index == b.seqs.size()) b.seqs.push_back(seq);
-  const ItemPlan* p = &b.replayer.block()->items[index];  // another after a switch_variant
+  const ItemPlan& p = b.replayer.block()->items[index];
   // Binding (the program waited before the block's backward was issued): the forward's items run
   // through autograd with their kernels bound to the block, until an item without autograd
   // history (the backward) is replayed again.
-  if (b.binding && p->autograd) return bind(item, b);
+  if (b.binding && p.autograd) return bind(item, b);
   b.binding = false;
-  if (p->kind == OpKind::Backward && !looked_ahead && !b.replayer.grads_as_recorded(index, earlier))
+  if (p.kind == OpKind::Backward && !looked_ahead && !b.replayer.grads_as_recorded(index, earlier))
     return leave("grads", true);
-  if (p->autograd) {
+  if (p.autograd) {
     // Replayed below autograd only once the backward that consumes its history is issued and
     // everything up to it follows the block: the program cannot leave the block before that.
     // Control items between the block's items are not part of it.
-    while (b.seqs.size() <= p->covered_by) {
+    while (b.seqs.size() <= p.covered_by) {
       const uint64_t s = std::max(b.scanned, seq) + 1;
       if (!await_published(s)) return bind(item, b);
       b.scanned = s;
       const WorkItem& w = ring_[(s - 1) % ring_.size()];
       if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
-      const bool ours = w.kind != OpKind::EndIteration && w.iteration == item.iteration;
-      if (!ours || !b.replayer.follows(j, w, earlier)) {
+      if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
+          !b.replayer.follows(j, w, earlier)) {
         if (w.kind == OpKind::GradRead && w.iteration == item.iteration) continue;  // extra_grad_read
-        if (!switch_variant(j, ours ? &w : nullptr, earlier)) {
-          if (j == 1) b.note_fork();
-          return leave("ahead");
-        }
-        p = &b.replayer.block()->items[index];
-        if (!ours) break;  // the other path ends here: its backward was looked at already
+        if (j == 1) b.note_fork();
+        return leave("ahead");
       }
       b.seqs.push_back(s);
       if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
     }
   }
   b.replayer.run(item);  // each kernel with one thread or the program's (BlockReplayer::run)
-  if (p->kind == OpKind::Backward && b.bound) {
+  if (p.kind == OpKind::Backward && b.bound) {
     // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
     // tensors are freed.
     BlockReplayer::release_graph(tensors_of(item.args.at(0)));
@@ -551,37 +525,6 @@ bool GraphRunner::extra_grad_read(WorkItem& item) {
   run_grad_read(item);
   ++blocks_->extra_reads;
   return true;
-}
-
-bool GraphRunner::switch_variant(uint32_t j, const WorkItem* w,
-                                 const std::function<const WorkItem*(uint32_t)>& earlier) {
-  // Another recording of the iteration that the items so far follow, item `j` too (`w`; none:
-  // the iteration ends before `j`), and whose items up to the replayer's next replay alike.
-  BlockStore& b = *blocks_;
-  if (!b.entry || b.entry->blocks.size() < 2) return false;
-  const Block& current = *b.replayer.block();
-  const uint32_t done = b.replayer.next();
-  const auto& blocks = b.entry->blocks;
-  for (size_t v = 0; v < blocks.size(); ++v) {
-    const Block& other = *blocks[v];
-    if (&other == &current || (w ? other.items.size() <= j : other.items.size() != j) ||
-        !same_beginning(current, other, done))
-      continue;
-    b.replayer.switch_to(other);
-    bool ok = true;
-    for (uint32_t i = done; ok && i < j; ++i) {
-      const WorkItem* e = earlier(i);
-      ok = e && b.replayer.follows(i, *e, earlier) &&
-           (other.items[i].kind != OpKind::Backward || b.replayer.grads_as_recorded(i, earlier));
-    }
-    if (ok && (!w || b.replayer.follows(j, *w, earlier))) {
-      b.variant = v;
-      ++b.switches;
-      return true;
-    }
-    b.replayer.switch_to(current);
-  }
-  return false;
 }
 
 bool GraphRunner::bind(WorkItem& item, BlockStore& b) {
@@ -624,21 +567,9 @@ void GraphRunner::end_iteration() {
         c.not_one_thread = block->not_one_thread;
         c.program_count_kernels = block->program_count_kernels;
       }
-      BlockStore::Entry& e = *b.entry;
-      const bool known = std::any_of(e.blocks.begin(), e.blocks.end(), [&](const auto& v) {
-        return v->items.size() == block->items.size() && v->kernels.size() == block->kernels.size() &&
-               same_beginning(*v, *block, static_cast<uint32_t>(block->items.size()));
-      });
-      if (known) {
-        e.record = std::max(0, e.record - 1);  // a path recorded already: the next may be the missed one
-      } else {
-        e.blocks.insert(e.blocks.begin(), std::move(block));
-        if (e.blocks.size() > BlockStore::kMaxVariants) e.blocks.pop_back();  // the least recently replayed
-        e.record = 0;
-        ++c.recorded;
-      }
+      b.entry->block = std::move(block);
+      ++c.recorded;
     } else {
-      b.entry->record = std::max(0, b.entry->record - 1);
       ++b.entry->refusals;
       ++c.refused;
       c.last_refusal = b.recorder->why();
@@ -646,9 +577,6 @@ void GraphRunner::end_iteration() {
   } else if (b.state == BlockStore::State::Replaying && b.entry &&
              b.replayer.next() == b.replayer.block()->items.size()) {
     b.entry->misses = 0;
-    auto& blocks = b.entry->blocks;  // the one replayed first next time (addresses stay)
-    std::rotate(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(b.variant),
-                blocks.begin() + static_cast<std::ptrdiff_t>(b.variant) + 1);
     std::lock_guard<std::mutex> lock(counts_mutex_);
     ++counts_[b.graph].iterations;
   }

@@ -189,8 +189,6 @@ class GraphRunner {
     // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
     uint64_t spread = 0;
     uint64_t left = 0;        // replayed iterations the program left before their end
-    // Replays that went on with another recorded path of the iteration (switch_variant).
-    uint64_t switches = 0;
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
     // did not follow), "blocked" (the program waited before the block's backward was issued).
     std::string last_left;
@@ -215,7 +213,6 @@ class GraphRunner {
   // replays `item` if it follows the block (false: run it op by op).
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
-  bool switch_variant(uint32_t j, const WorkItem* w, const std::function<const WorkItem*(uint32_t)>& earlier);
   bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq

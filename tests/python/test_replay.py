@@ -342,54 +342,6 @@ def test_branches_that_begin_with_the_same_op_each_replay_their_own_block():
     assert s["iterations_replayed"] >= 25, s
 
 
-class SkippingNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
-                                          for _ in range(3))
-        self.head = torch.nn.Linear(8, 1)
-
-    def forward(self, x, skip):
-        h = x * 1.5
-        for i, block in enumerate(self.blocks):
-            if not skip >> i & 1:
-                h = h + block(h)
-        return self.head(h)
-
-
-def skipping(steps, paths):
-    """Stochastic depth: residual blocks skipped on some steps (decided in Python, as
-    `random.random() < p` is), so the iterations share their start and part at the first skip;
-    `paths` of the four skip patterns come up in turn."""
-    torch.manual_seed(0)
-    model = SkippingNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x, y = torch.randn(16, 8), torch.randn(16, 1)
-    for step in range(steps):
-        loss = torch.nn.functional.mse_loss(model(x, [0, 2, 1, 4][step % paths]), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return [p.detach() for p in model.parameters()] + [
-        s["momentum_buffer"] for s in opt.state.values()]
-
-
-@pytest.mark.parametrize("paths", [2, 3])
-def test_iterations_whose_paths_part_midway_each_replay_their_own_recording(paths):
-    # A block left where the path parts used to run the rest of the iteration through autograd
-    # and be recorded again after a few such misses: with two paths in turn, at most one
-    # iteration in four was replayed whole. Each path is recorded once now, and a replay that
-    # meets the other path's items goes on with that path's recording.
-    terra.config(adaptive=False)
-    eager = skipping(48, paths)
-    coexec = terra.run(skipping, 48, paths)
-    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
-    s = terra.stats("skipping")
-    assert s["blocks_recorded"] >= paths, s
-    assert s["replay_path_switches"] >= 10, s
-    assert s["iterations_replayed"] >= s["iterations_coexecuted"] - 6 * paths, s
-
-
 # In a fresh process with two OpenMP threads and MKL's dynamic threading left on (no
 # torch.set_num_threads, which turns it off): small elementwise kernels and small matmuls give the
 # same bits with one thread, so the recorded block is replayed with one.
