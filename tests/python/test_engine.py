@@ -188,6 +188,35 @@ def test_patches_are_removed_after_the_session():
     assert torch.autograd._engine_run_backward.__module__ == "torch.autograd.graph"
 
 
+def test_sessions_install_the_same_wrappers_and_wrap_a_replacement_made_between_them():
+    # The wrappers are made once (each session made about 70 of them again); a function the
+    # program replaced between sessions is what the next session's wrapper calls.
+    def during():
+        return torch.Tensor.tolist, torch.manual_seed
+
+    first = terra.run(during)
+    second = terra.run(during)
+    assert first[0] is second[0] and first[1] is second[1]
+    assert first[0] is not torch.Tensor.tolist  # a wrapper, taken out after the session
+    original, calls = torch.manual_seed, []
+
+    def seeding(seed):
+        calls.append(seed)
+        return original(seed)
+
+    torch.manual_seed = seeding
+    try:
+        def reseed():
+            torch.manual_seed(5)
+            return torch.manual_seed
+
+        wrapper = terra.run(reseed)
+        assert wrapper is not second[1] and wrapper is not seeding and calls == [5]
+        assert torch.manual_seed is seeding
+    finally:
+        torch.manual_seed = original
+
+
 def rnn_grads(steps):
     """An RNN whose inner time loop is its own iteration: its timesteps co-execute while the
     outer step is still traced, so one backward pass meets autograd nodes made by both threads."""

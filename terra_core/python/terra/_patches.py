@@ -38,6 +38,24 @@ _saved = []
 _base_grad = torch._C.TensorBase.grad
 
 
+def _made_once(factory):
+    """`factory(original, *options)`, made once per original object and options: every session
+    installs the same wrappers. (Making them, about 70 `functools.wraps`, cost every terra.run and
+    every cell about 0.3 ms.) A replacement the program made between sessions is a new original."""
+    made = {}
+
+    @functools.wraps(factory)
+    def once(original, *options, **keywords):
+        key = (id(original), options, tuple(sorted(keywords.items())))
+        hit = made.get(key)
+        if hit is None or hit[0] is not original:  # the original is kept: its id is not reused
+            hit = made[key] = (original, factory(original, *options, **keywords))
+        return hit[1]
+
+    return once
+
+
+@_made_once
 def _fetching(original, exposes=False):
     """`original` on the tensor's value; `exposes`: it hands Python the tensor's memory itself
     (_EXPOSING), so it also waits for everything issued, and a NumPy array it returns is
@@ -67,6 +85,7 @@ def _is_ndarray(value):
     return numpy is not None and isinstance(value, numpy.ndarray)
 
 
+@_made_once
 def _synced(original, needed=None):
     """`original`, run once the GraphRunner has caught up; `needed(*args, **kwargs)` says when a
     call must wait (default: always)."""
@@ -178,6 +197,7 @@ def _settle(*values):
             _C.materialize(v)
 
 
+@_made_once
 def _settled(original, unchanged=None):
     """`original`, run once the GraphRunner has caught up (_settle); `unchanged(*args, **kwargs)`
     says when a call changes nothing, so it need not wait."""
@@ -201,6 +221,7 @@ def _requires_grad_unchanged(self, requires_grad=True):
     return not requires_grad and type(self) is torch.Tensor and not self.requires_grad
 
 
+@_made_once
 def _settled_setter(descriptor, unchanged=None):
     set_settled = _settled(descriptor.__set__, unchanged)
     return property(descriptor.__get__, set_settled, None, descriptor.__doc__)
