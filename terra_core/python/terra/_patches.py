@@ -46,11 +46,10 @@ def _made_once(factory):
 
     @functools.wraps(factory)
     def once(original, *options, **keywords):
-        key = (id(original), options, tuple(sorted(keywords.items())))
-        hit = made.get(key)
-        if hit is None or hit[0] is not original:  # the original is kept: its id is not reused
-            hit = made[key] = (original, factory(original, *options, **keywords))
-        return hit[1]
+        key = (original, options, tuple(sorted(keywords.items())))
+        if key not in made:
+            made[key] = factory(original, *options, **keywords)
+        return made[key]
 
     return once
 
