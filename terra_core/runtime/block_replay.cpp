@@ -658,10 +658,14 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   std::unique_lock<std::mutex> lock(generator.mutex());
   const at::Tensor rng_after = generator.get_state();
   lock.unlock();  // a kernel takes it to draw
+  // Only a kernel that drew has the generator rewound for its runs again (and set back after
+  // them): the program thread draws from it too (host ops, python_runner.h), after every random
+  // item issued before, but while later items' kernels are checked.
+  const bool drew = !rng_after.equal(m.rng_before);
   const int threads = at::get_num_threads();
   // Runs the kernel on `args` with `n` threads from the generator state before it; its returns.
   auto run = [&](torch::jit::Stack args, int n) {
-    {
+    if (drew) {
       std::lock_guard<std::mutex> g(generator.mutex());
       generator.set_state(m.rng_before);
     }
@@ -683,7 +687,7 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   try {
     // The recorded data, with one thread, against what the kernel just computed.
     const torch::jit::Stack one = run(m.copies, 1);
-    {
+    if (drew) {
       std::lock_guard<std::mutex> g(generator.mutex());
       same = generator.get_state().equal(rng_after);
     }
@@ -710,7 +714,7 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
     same = false;
   }
   set_intraop_threads(threads);
-  {
+  if (drew) {
     std::lock_guard<std::mutex> g(generator.mutex());
     generator.set_state(rng_after);
   }

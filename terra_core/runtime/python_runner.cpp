@@ -237,6 +237,8 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   eager_run_ = 0;
   grad_defined_.clear();
   scalar_use_.clear();
+  own_made_.clear();
+  last_random_item_ = random_item_iteration_ = 0;
   set_value_graveyard(&graveyard_);
   if (runner_) RunnerAllocator::install().activate();
   mode_ = Mode::Tracing;
@@ -256,6 +258,7 @@ void PythonRunner::exit() {
   graveyard_.clear();
   if (runner_) RunnerAllocator::install().release();  // eager work keeps none of its memory
   grad_defined_.clear();
+  own_made_.clear();
   raise_if_failed();
   graph_ = nullptr;
   root_ = {};
@@ -769,13 +772,20 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
   switch (t.mode) {
     case ExecMode::PythonNow:
       exec(stack);
+      note_own_made(t, *stack, /*inputs_own_made=*/true);
       break;
     case ExecMode::Fetch:
       ++graph_->fetches;
       run_fetch(t, stack, exec);
+      note_own_made(t, *stack);
       break;
     case ExecMode::Graph:
       if (kind == OpKind::Aten && t.scalar_outputs && !t.random && run_on_host(t, stack, exec)) {
+        ++graph_->host_ops;
+        note_own_made(t, *stack);
+        break;
+      }
+      if (kind == OpKind::Aten && run_here(t, stack, exec)) {
         ++graph_->host_ops;
         break;
       }
@@ -919,6 +929,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     return;
   }
   const bool wait_done = prepare_arguments(t, stack);
+  if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();
   dead_.check(r.lightened());  // what the program dropped since the last issue
   WorkItem* item;
@@ -929,6 +940,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     item = &r.next_item();
   }
   const uint64_t seq = r.issued() + 1;
+  if (t.random) {
+    last_random_item_ = seq;
+    random_item_iteration_ = iteration_serial_;
+  }
   item->kind = t.kind;
   item->op = t.op ? &*t.op : nullptr;
   item->grad_mode = t.grad_mode;
@@ -1090,11 +1105,80 @@ uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {
     } else if (host_scalar(t)) {
       auto it = scalar_use_.find(t.storage().unsafeGetStorageImpl());
       if (it != scalar_use_.end()) need = std::max(need, it->second.write);
-    } else {
+    } else if (!own_made(t)) {
       need = std::max(need, last_external_write_);
     }
   });
   return need;
+}
+
+bool PythonRunner::own_made(const at::Tensor& x) const {
+  if (own_made_.empty() || !x.defined() || as_placeholder(x)) return false;
+  const c10::StorageImpl* s = x.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  return s && own_made_.count(s) != 0;
+}
+
+void PythonRunner::note_own_made(const OpTemplate& t, const torch::jit::Stack& returns, bool inputs_own_made) {
+  if (mode_ != Mode::CoExec) return;
+  if (own_made_.size() > kOwnMadeMax) {
+    for (auto pos = own_made_.begin(); pos != own_made_.end();)
+      pos = pos->second.expired() ? own_made_.erase(pos) : std::next(pos);
+  }
+  size_t k = 0;
+  for (const c10::IValue& r : returns) {
+    for_each_tensor(r, [&](const at::Tensor& x) {
+      const size_t index = k++;
+      // An output that may alias an argument is new memory only where every tensor argument was
+      // own-made (an alias of one then shares its storage, already noted).
+      if (!inputs_own_made && index < t.outs.size() && (t.outs[index].view || t.outs[index].alias_arg >= 0))
+        return;
+      if (!x.defined() || as_placeholder(x) || !x.device().is_cpu() || x.is_sparse()) return;
+      const c10::Storage& storage = x.unsafeGetTensorImpl()->unsafe_storage();
+      if (!storage) return;
+      own_made_.try_emplace(storage.unsafeGetStorageImpl(),
+                            c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()));
+    });
+    if (r.isNone()) ++k;
+  }
+}
+
+void PythonRunner::forget_own_made(const OpTemplate& t, const torch::jit::Stack& args) {
+  bool writes_or_aliases = t.mutates_input || !t.op || t.kind != OpKind::Aten;
+  for (const OutSpec& o : t.outs) writes_or_aliases = writes_or_aliases || o.view || o.alias_arg >= 0;
+  if (!writes_or_aliases) return;
+  for (const c10::IValue& v : args) {
+    for_each_tensor(v, [&](const at::Tensor& x) {
+      if (!x.defined() || as_placeholder(x)) return;
+      own_made_.erase(x.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+    });
+  }
+}
+
+bool PythonRunner::run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
+  if (t.mutates_input || t.out_bytes > kHereBytes || t.accelerator) return false;
+  if (own_made_.empty() && !t.random) return false;
+  for (const OutSpec& o : t.outs)
+    if (o.alias_arg >= 0 || o.meta.requires_grad || !o.meta.device.is_cpu()) return false;
+  bool here = true;
+  for (const c10::IValue& v : *stack) {
+    if (v.isGenerator()) return false;
+    for_each_tensor(v, [&](const at::Tensor& x) {
+      if (!here || !x.defined() || x.unsafeGetTensorImpl()->is_wrapped_number()) return;
+      here = own_made(x) && !x.requires_grad() && x.device().is_cpu();
+    });
+    if (!here) return false;
+  }
+  if (t.random) {
+    // The default generator is drawn in program order: after every random item issued so far,
+    // and only where this iteration has issued none (else it would wait for most of it).
+    if (random_item_iteration_ == iteration_serial_) return false;
+    wait_for(last_random_item_, &t.name);
+    raise_if_failed();
+  }
+  if (runner_) advance_sequence(runner_->sequence());
+  exec(stack);
+  note_own_made(t, *stack, /*inputs_own_made=*/true);
+  return true;
 }
 
 bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
@@ -1136,21 +1220,21 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
     writes_shared = writes_shared || !t.op || (info && info->isWrite());
   }
   if (t.mutates_input && writes_shared) need = runner().issued();
-  wait_for(need);
+  wait_for(need, &t.name);
   raise_if_failed();
   for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   advance_sequence(runner().sequence());
   exec(stack);
 }
 
-void PythonRunner::wait_for(uint64_t seq) {
+void PythonRunner::wait_for(uint64_t seq, const std::string* what) {
   if (!runner_ || runner_->done() >= seq) return;
   const int64_t start = now_ns();
   {
     GilReleased unlocked;
     runner_->wait_for(seq);
   }
-  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns());
+  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns(), what ? *what : std::string());
 }
 
 namespace {

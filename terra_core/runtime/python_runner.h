@@ -193,7 +193,8 @@ class PythonRunner {
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);
-  void wait_for(uint64_t seq);
+  // Waits for item `seq`; `what` (the op that waits) names the timeline's span.
+  void wait_for(uint64_t seq, const std::string* what = nullptr);
   void raise_if_failed();
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
   uint64_t needed_seq(const c10::IValue& v) const;
@@ -266,6 +267,27 @@ class PythonRunner {
   // DLPack) or memory an alive NumPy array shares (expose).
   bool python_memory(const at::Tensor& x) const;
   bool run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
+  // Tensors the program thread made itself while co-executing (PythonNow factories, fetches and
+  // host ops), by storage, as long as no issued item may write them or alias them: only the
+  // program thread ever changes them, so an op reading them needs nothing from the GraphRunner.
+  // The weak reference keeps the StorageImpl's memory, so its address names no other storage.
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> own_made_;
+  bool own_made(const at::Tensor& x) const;
+  static constexpr size_t kOwnMadeMax = 4096;  // then entries of dead storages are dropped
+  // Registers the fresh tensor outputs of an op the program thread ran (not views, not arguments).
+  void note_own_made(const OpTemplate& t, const torch::jit::Stack& returns, bool inputs_own_made = false);
+  // An item about to be issued may write or alias its tensor arguments: they are not own-made.
+  void forget_own_made(const OpTemplate& t, const torch::jit::Stack& args);
+  // Host ops: a small op whose tensors are all own-made (or Python numbers), CPU-only, writing
+  // none of its arguments and outside autograd runs at once in the program thread, as eagerly,
+  // instead of as an item behind everything issued. A check of an input batch (`torch.all(mask
+  // == 1).item()` in Hugging Face's masking) then no longer waits for the GraphRunner to finish
+  // the previous step. A random one runs here only before this iteration issued any random item,
+  // after the earlier iterations' random items ran (the generator is drawn in program order).
+  bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
+  static constexpr uint64_t kHereBytes = 64 * 1024;  // a host op's outputs, at most
+  uint64_t last_random_item_ = 0;          // the last item that draws from a default generator
+  uint64_t random_item_iteration_ = 0;     // the iteration that issued it (iteration_serial_)
   int paused_ = 0;
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown), and the issue
   // sequence of the last item that may have given it another gradient tensor (a `.grad =`, a

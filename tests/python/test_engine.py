@@ -1518,3 +1518,68 @@ def test_writing_through_a_kept_numpy_array_leaves_pending_reads_alone():
     # when issued (a copy) as they do from_numpy memory.
     s, _ = coexecuted_as_eager(written_through_a_kept_array)
     assert s["iterations_coexecuted"] >= 15, s
+
+
+def masked_batches(steps=24):
+    """Each step draws a batch of lengths, builds its padding mask and checks it (`mask.all()`,
+    as Hugging Face's masking does before choosing an attention kernel), while the previous
+    step's slow work, with dropout, is still pending; then draws again after the step."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-4)
+    x = torch.randn(256, 256)
+    out = []
+    for _ in range(steps):
+        lengths = torch.randint(2, 9, (8,))
+        mask = (torch.arange(8)[None, :] < lengths[:, None]).long()
+        ids = torch.randint(0, 256, (8, 8)) * mask
+        full = bool(mask.all())  # a fetch of this step's own batch
+        out += [full, int(mask.sum()), ids.clone()]
+        h = torch.nn.functional.dropout(busy(x, w, 3), 0.1)  # random items pending
+        loss = h[ids[:, 0]].square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    out.append(torch.rand(4))  # the generator where eager leaves it
+    return [w.detach().clone()] + out
+
+
+def test_a_check_of_the_steps_own_batch_does_not_wait_for_the_previous_step():
+    # The mask is made by the program thread from tensors it made itself (host ops), so checking
+    # it needs nothing from the GraphRunner; before, each check waited for everything issued
+    # (the previous step's backward and update). The first draw of a step still waits for the
+    # previous step's dropout, which must draw first.
+    s, co = coexecuted_as_eager(masked_batches)
+    assert len(co) >= 12, s
+    assert s["host_ops"] >= 8 * len(co), s
+    assert {e["detail"] for e in fetch_waits(co)} <= {"aten::randint.low"}
+
+
+def own_tensors_written_by_pending_work(steps=20):
+    """Tensors the program thread makes itself, then hands to items that write them (through a
+    view, as a `.grad` a backward accumulates into): reads after that must see the writes."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    x = torch.randn(256, 256)
+    p = torch.ones(3, requires_grad=True)
+    out = []
+    for _ in range(steps):
+        h = busy(x, w, 3)
+        m = torch.zeros(4)
+        m[:2].add_(h[0, :2])  # an item writes m through a view of it
+        out.append(float((m * 2).sum()))
+        g = torch.zeros(3)
+        p.grad = g
+        (p * h[1, :3]).sum().backward()  # accumulates into g in place
+        out.append((g + 1).sum().item())
+        k = torch.arange(6).reshape(2, 3)
+        k.mul_(h[2, :3].sign().long())  # written in place by an item reading a placeholder
+        out.append(k.sum().item())
+    return out
+
+
+def test_own_tensors_written_by_pending_work_are_read_after_the_writes():
+    s, co = coexecuted_as_eager(own_tensors_written_by_pending_work)
+    assert len(co) >= 10, s
+    assert s["host_ops"] > 0, s
