@@ -658,10 +658,11 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   std::unique_lock<std::mutex> lock(generator.mutex());
   const at::Tensor rng_after = generator.get_state();
   lock.unlock();  // a kernel takes it to draw
-  // Only a kernel that drew has the generator rewound for its runs again (and set back after
-  // them): the program thread draws from it too (host ops, python_runner.h), after every random
-  // item issued before, but while later items' kernels are checked.
-  const bool drew = !rng_after.equal(m.rng_before);
+  // Only a random kernel has the generator rewound for its runs again (and set back after them):
+  // the program thread draws from it too (host ops, python_runner.h), after every random item
+  // issued before, but while later items' kernels are checked. (Known by the op's tag: a change
+  // of the generator's state since the kernel began may be the program thread's draw.)
+  const bool drew = op.hasTag(at::Tag::nondeterministic_seeded);
   const int threads = at::get_num_threads();
   // Runs the kernel on `args` with `n` threads from the generator state before it; its returns.
   auto run = [&](torch::jit::Stack args, int n) {

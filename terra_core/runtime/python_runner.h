@@ -282,12 +282,13 @@ class PythonRunner {
   // none of its arguments and outside autograd runs at once in the program thread, as eagerly,
   // instead of as an item behind everything issued. A check of an input batch (`torch.all(mask
   // == 1).item()` in Hugging Face's masking) then no longer waits for the GraphRunner to finish
-  // the previous step. A random one runs here only before this iteration issued any random item,
-  // after the earlier iterations' random items ran (the generator is drawn in program order).
+  // the previous step. A random one runs here after the random items issued before it (the
+  // generator is drawn in program order), where that wait leaves the GraphRunner work (run_here).
   bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   static constexpr uint64_t kHereBytes = 64 * 1024;  // a host op's outputs, at most
-  uint64_t last_random_item_ = 0;          // the last item that draws from a default generator
-  uint64_t random_item_iteration_ = 0;     // the iteration that issued it (iteration_serial_)
+  static constexpr uint64_t kRandomLead = 64;       // items after the last random one, at least
+  uint64_t last_random_item_ = 0;       // the last item that draws from a default generator (0: none)
+  uint64_t random_item_iteration_ = 0;  // the iteration that issued it (iteration_serial_)
   int paused_ = 0;
   // Python-side knowledge of whether a leaf's .grad is defined (absent: unknown), and the issue
   // sequence of the last item that may have given it another gradient tensor (a `.grad =`, a

@@ -1520,10 +1520,10 @@ def test_writing_through_a_kept_numpy_array_leaves_pending_reads_alone():
     assert s["iterations_coexecuted"] >= 15, s
 
 
-def masked_batches(steps=24):
+def masked_batches(steps=24, dropout=False):
     """Each step draws a batch of lengths, builds its padding mask and checks it (`mask.all()`,
     as Hugging Face's masking does before choosing an attention kernel), while the previous
-    step's slow work, with dropout, is still pending; then draws again after the step."""
+    step's slow work is still pending; then draws again after the steps."""
     torch.manual_seed(0)
     w = torch.randn(256, 256, requires_grad=True)
     opt = torch.optim.SGD([w], lr=1e-4)
@@ -1535,7 +1535,9 @@ def masked_batches(steps=24):
         ids = torch.randint(0, 256, (8, 8)) * mask
         full = bool(mask.all())  # a fetch of this step's own batch
         out += [full, int(mask.sum()), ids.clone()]
-        h = torch.nn.functional.dropout(busy(x, w, 3), 0.1)  # random items pending
+        h = busy(x, w, 3)
+        if dropout:
+            h = torch.nn.functional.dropout(h, 0.1)  # random items: the draws above become items
         loss = h[ids[:, 0]].square().mean()
         opt.zero_grad()
         loss.backward()
@@ -1548,12 +1550,17 @@ def masked_batches(steps=24):
 def test_a_check_of_the_steps_own_batch_does_not_wait_for_the_previous_step():
     # The mask is made by the program thread from tensors it made itself (host ops), so checking
     # it needs nothing from the GraphRunner; before, each check waited for everything issued
-    # (the previous step's backward and update). The first draw of a step still waits for the
-    # previous step's dropout, which must draw first.
+    # (the previous step's backward and update).
     s, co = coexecuted_as_eager(masked_batches)
     assert len(co) >= 12, s
     assert s["host_ops"] >= 8 * len(co), s
-    assert {e["detail"] for e in fetch_waits(co)} <= {"aten::randint.low"}
+    assert fetch_waits(co) == []
+
+
+def test_draws_after_random_items_keep_the_generators_order():
+    # With dropout in the step, the draws of the next step run as items again, in program order.
+    s, co = coexecuted_as_eager(masked_batches, dropout=True)
+    assert len(co) >= 12, s
 
 
 def own_tensors_written_by_pending_work(steps=20):
