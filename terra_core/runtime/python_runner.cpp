@@ -1164,7 +1164,9 @@ bool PythonRunner::run_here(const OpTemplate& t, torch::jit::Stack* stack, const
     if (v.isGenerator()) return false;
     for_each_tensor(v, [&](const at::Tensor& x) {
       if (!here || !x.defined() || x.unsafeGetTensorImpl()->is_wrapped_number()) return;
-      here = own_made(x) && !x.requires_grad() && x.device().is_cpu();
+      // Inputs as small as the outputs: below ATen's grain size, so no parallel region starts
+      // in the program thread while the GraphRunner may hold the OpenMP team (openmp_team.h).
+      here = own_made(x) && !x.requires_grad() && x.device().is_cpu() && x.nbytes() <= kHereBytes;
     });
     if (!here) return false;
   }

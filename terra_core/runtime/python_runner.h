@@ -285,7 +285,7 @@ class PythonRunner {
   // the previous step. A random one runs here after the random items issued before it (the
   // generator is drawn in program order), where that wait leaves the GraphRunner work (run_here).
   bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
-  static constexpr uint64_t kHereBytes = 64 * 1024;  // a host op's outputs, at most
+  static constexpr uint64_t kHereBytes = 64 * 1024;  // a host op's outputs and each input, at most
   static constexpr uint64_t kRandomLead = 64;       // items after the last random one, at least
   uint64_t last_random_item_ = 0;       // the last item that draws from a default generator (0: none)
   uint64_t random_item_iteration_ = 0;  // the iteration that issued it (iteration_serial_)
