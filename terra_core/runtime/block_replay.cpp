@@ -296,7 +296,7 @@ struct BlockRecorder::Impl {
   std::vector<Read> last_read;
 
   // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
-  // and the CPU generator's state before it ran.
+  // and, for a random kernel, the CPU generator's state before it ran (undefined otherwise).
   bool checking = false;
   uint64_t check_key = 0;  // the kernel's signature (verdicts.h)
   uint64_t ran_ns = 0;     // how long the kernel being checked ran when recorded (kernel_end)
@@ -626,9 +626,12 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
     // which no kernel may write; afterwards each copy must match what the kernel left.
     m.originals.assign(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end());
     m.copies = deep_copy_all(m.originals);
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    m.rng_before = generator.get_state();
+    m.rng_before = at::Tensor();
+    if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      m.rng_before = generator.get_state();
+    }
   }
   m.block.kernels.push_back(std::move(k));
 }
@@ -654,15 +657,18 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   m.checking = false;
   ++m.checked;
   const RecordedKernel& k = m.block.kernels.back();
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::unique_lock<std::mutex> lock(generator.mutex());
-  const at::Tensor rng_after = generator.get_state();
-  lock.unlock();  // a kernel takes it to draw
   // Only a random kernel has the generator rewound for its runs again (and set back after them):
   // the program thread draws from it too (host ops, python_runner.h), after every random item
-  // issued before, but while later items' kernels are checked. (Known by the op's tag: a change
-  // of the generator's state since the kernel began may be the program thread's draw.)
-  const bool drew = op.hasTag(at::Tag::nondeterministic_seeded);
+  // issued before, but while later items' kernels are checked. (Known by the op's tag, as in
+  // kernel_begin: a change of the generator's state since the kernel began may be the program
+  // thread's draw.)
+  const bool drew = m.rng_before.defined();
+  auto generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor rng_after;
+  if (drew) {
+    std::lock_guard<std::mutex> g(generator.mutex());
+    rng_after = generator.get_state();
+  }
   const int threads = at::get_num_threads();
   // Runs the kernel on `args` with `n` threads from the generator state before it; its returns.
   auto run = [&](torch::jit::Stack args, int n) {

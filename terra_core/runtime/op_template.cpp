@@ -326,13 +326,18 @@ void OpTemplate::derive_from_aliases() {
   // hands back the same tensor during co-execution and issues nothing.
   noop_alias = !mutates_input && !outs.empty();
   out_bytes = 0;
+  aliases_args = false;
+  bool fresh_cpu_no_grad = true;  // every output new memory on the CPU, outside autograd
   for (const OutSpec& o : outs) {
     noop_alias = noop_alias && o.alias_arg >= 0;
+    aliases_args = aliases_args || o.view || o.alias_arg >= 0;
+    fresh_cpu_no_grad = fresh_cpu_no_grad && o.alias_arg < 0 && !o.meta.requires_grad && o.meta.device.is_cpu();
     if (o.none || o.alias_arg >= 0) continue;
     uint64_t n = c10::elementSize(o.meta.dtype);
     for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
     out_bytes += n;
   }
+  host_candidate = !mutates_input && !accelerator && fresh_cpu_no_grad && out_bytes <= kHostOpBytes;
 }
 
 void OpTemplate::mark_same_as_input(size_t out, int arg) {

@@ -85,6 +85,13 @@ struct OpTemplate {
   // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower
   // bound of the storage it keeps): GraphRunner::reclaim batches items by it.
   uint64_t out_bytes = 0;
+  // Some output is a view of an argument or an argument itself (the item may alias it).
+  bool aliases_args = false;
+  // May run as a host op in the program thread (PythonRunner::run_here), as far as the template
+  // tells: writes no argument, CPU outputs up to kHostOpBytes, none aliasing an argument or
+  // requiring grad. The arguments decide the rest, per call.
+  bool host_candidate = false;
+  static constexpr uint64_t kHostOpBytes = 64 * 1024;
   IndexedView indexed_view = IndexedView::None;
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
@@ -115,7 +122,7 @@ struct OpTemplate {
   int64_t view_offset(const torch::jit::Stack& args) const;
 
  private:
-  void derive_from_aliases();  // noop_alias and out_bytes, from outs
+  void derive_from_aliases();  // noop_alias, out_bytes, aliases_args, host_candidate, from outs
 };
 
 // Identity of an op for LocationKeys: the schema's address for ATen ops, small ids otherwise.

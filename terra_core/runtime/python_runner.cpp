@@ -238,6 +238,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   grad_defined_.clear();
   scalar_use_.clear();
   own_made_.clear();
+  own_made_prune_at_ = kOwnMadePruneAt;
   last_random_item_ = random_item_iteration_ = 0;
   set_value_graveyard(&graveyard_);
   if (runner_) RunnerAllocator::install().activate();
@@ -1120,9 +1121,10 @@ bool PythonRunner::own_made(const at::Tensor& x) const {
 
 void PythonRunner::note_own_made(const OpTemplate& t, const torch::jit::Stack& returns, bool inputs_own_made) {
   if (mode_ != Mode::CoExec) return;
-  if (own_made_.size() > kOwnMadeMax) {
+  if (own_made_.size() > own_made_prune_at_) {
     for (auto pos = own_made_.begin(); pos != own_made_.end();)
       pos = pos->second.expired() ? own_made_.erase(pos) : std::next(pos);
+    own_made_prune_at_ = std::max(kOwnMadePruneAt, 2 * own_made_.size());
   }
   size_t k = 0;
   for (const c10::IValue& r : returns) {
@@ -1143,9 +1145,7 @@ void PythonRunner::note_own_made(const OpTemplate& t, const torch::jit::Stack& r
 }
 
 void PythonRunner::forget_own_made(const OpTemplate& t, const torch::jit::Stack& args) {
-  bool writes_or_aliases = t.mutates_input || !t.op || t.kind != OpKind::Aten;
-  for (const OutSpec& o : t.outs) writes_or_aliases = writes_or_aliases || o.view || o.alias_arg >= 0;
-  if (!writes_or_aliases) return;
+  if (!t.mutates_input && !t.aliases_args && t.op && t.kind == OpKind::Aten) return;
   for (const c10::IValue& v : args) {
     for_each_tensor(v, [&](const at::Tensor& x) {
       if (!x.defined() || as_placeholder(x)) return;
@@ -1155,10 +1155,7 @@ void PythonRunner::forget_own_made(const OpTemplate& t, const torch::jit::Stack&
 }
 
 bool PythonRunner::run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
-  if (t.mutates_input || t.out_bytes > kHereBytes || t.accelerator) return false;
-  if (own_made_.empty() && !t.random) return false;
-  for (const OutSpec& o : t.outs)
-    if (o.alias_arg >= 0 || o.meta.requires_grad || !o.meta.device.is_cpu()) return false;
+  if (!t.host_candidate || (own_made_.empty() && !t.random)) return false;
   bool here = true;
   for (const c10::IValue& v : *stack) {
     if (v.isGenerator()) return false;
@@ -1166,7 +1163,7 @@ bool PythonRunner::run_here(const OpTemplate& t, torch::jit::Stack* stack, const
       if (!here || !x.defined() || x.unsafeGetTensorImpl()->is_wrapped_number()) return;
       // Inputs as small as the outputs: below ATen's grain size, so no parallel region starts
       // in the program thread while the GraphRunner may hold the OpenMP team (openmp_team.h).
-      here = own_made(x) && !x.requires_grad() && x.device().is_cpu() && x.nbytes() <= kHereBytes;
+      here = own_made(x) && !x.requires_grad() && x.device().is_cpu() && x.nbytes() <= OpTemplate::kHostOpBytes;
     });
     if (!here) return false;
   }

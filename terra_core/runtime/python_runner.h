@@ -273,19 +273,23 @@ class PythonRunner {
   // The weak reference keeps the StorageImpl's memory, so its address names no other storage.
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> own_made_;
   bool own_made(const at::Tensor& x) const;
-  static constexpr size_t kOwnMadeMax = 4096;  // then entries of dead storages are dropped
+  // Entries of dead storages are dropped when the map grows past this, which then doubles what
+  // is left (a program may keep thousands of own-made tensors alive: one scan per host op would
+  // be quadratic).
+  size_t own_made_prune_at_ = kOwnMadePruneAt;
+  static constexpr size_t kOwnMadePruneAt = 4096;
   // Registers the fresh tensor outputs of an op the program thread ran (not views, not arguments).
   void note_own_made(const OpTemplate& t, const torch::jit::Stack& returns, bool inputs_own_made = false);
   // An item about to be issued may write or alias its tensor arguments: they are not own-made.
   void forget_own_made(const OpTemplate& t, const torch::jit::Stack& args);
-  // Host ops: a small op whose tensors are all own-made (or Python numbers), CPU-only, writing
-  // none of its arguments and outside autograd runs at once in the program thread, as eagerly,
-  // instead of as an item behind everything issued. A check of an input batch (`torch.all(mask
+  // Host ops: a small op (OpTemplate::host_candidate, each input up to kHostOpBytes too) whose
+  // tensors are all own-made (or Python numbers), CPU-only, writing none of its arguments and
+  // outside autograd runs at once in the program thread, as eagerly, instead of as an item
+  // behind everything issued. A check of an input batch (`torch.all(mask
   // == 1).item()` in Hugging Face's masking) then no longer waits for the GraphRunner to finish
   // the previous step. A random one runs here after the random items issued before it (the
   // generator is drawn in program order), where that wait leaves the GraphRunner work (run_here).
   bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
-  static constexpr uint64_t kHereBytes = 64 * 1024;  // a host op's outputs and each input, at most
   static constexpr uint64_t kRandomLead = 64;       // items after the last random one, at least
   uint64_t last_random_item_ = 0;       // the last item that draws from a default generator (0: none)
   uint64_t random_item_iteration_ = 0;  // the iteration that issued it (iteration_serial_)

@@ -1209,22 +1209,31 @@ def coexecuted_as_eager(fn, *args, **kwargs):
     return terra.stats(fn.__name__), co
 
 
+def slow_descent():
+    """A 256x256 weight trained by SGD on slow work (`busy`), and the input the work reads."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    return w, torch.optim.SGD([w], lr=1e-4), torch.randn(256, 256)
+
+
+def descend(opt, loss, out):
+    """One SGD step on `loss`, which goes to `out`."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    out.append(loss.detach())
+
+
 def fresh_tensor_each_step(steps=24):
     """Each step makes a tensor from Python data while slow work is still pending, as Hugging
     Face models do in every forward (`torch.tensor([])` for an empty key/value cache)."""
-    torch.manual_seed(0)
-    w = torch.randn(256, 256, requires_grad=True)
-    opt = torch.optim.SGD([w], lr=1e-4)
-    x = torch.randn(256, 256)
+    w, opt, x = slow_descent()
     out = []
     for _ in range(steps):
         h = busy(x, w, 4)
         empty = torch.tensor([], dtype=h.dtype)  # ends with detach_() on the tensor it made
         loss = torch.cat([empty, h.flatten()]).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(loss.detach())
+        descend(opt, loss, out)
     return [w.detach().clone()] + out
 
 
@@ -1524,10 +1533,7 @@ def masked_batches(steps=24, dropout=False):
     """Each step draws a batch of lengths, builds its padding mask and checks it (`mask.all()`,
     as Hugging Face's masking does before choosing an attention kernel), while the previous
     step's slow work is still pending; then draws again after the steps."""
-    torch.manual_seed(0)
-    w = torch.randn(256, 256, requires_grad=True)
-    opt = torch.optim.SGD([w], lr=1e-4)
-    x = torch.randn(256, 256)
+    w, opt, x = slow_descent()
     out = []
     for _ in range(steps):
         lengths = torch.randint(2, 9, (8,))
@@ -1539,10 +1545,7 @@ def masked_batches(steps=24, dropout=False):
         if dropout:
             h = torch.nn.functional.dropout(h, 0.1)  # random items: the draws above become items
         loss = h[ids[:, 0]].square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(loss.detach())
+        descend(opt, loss, out)
     out.append(torch.rand(4))  # the generator where eager leaves it
     return [w.detach().clone()] + out
 
