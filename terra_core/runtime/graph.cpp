@@ -173,6 +173,9 @@ nlohmann::json stats_json(const Graph& g) {
           {"payoff", payoff_json(g.payoff)},
           {"workers_asleep", g.workers_asleep},
           {"iterations_workers_asleep", g.iterations_workers_asleep},
+          {"workers_trial", g.workers_trial == Graph::WorkersTrial::Untried ? "untried"
+                            : g.workers_trial == Graph::WorkersTrial::Trying ? "trying"
+                                                                             : "done"},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},

@@ -84,9 +84,13 @@ struct Graph {
   // (openmp_team.h, limit_openmp_spinning). Flipped each time the payoff check finds co-execution
   // slower than eager execution, so its next timing of co-execution tries the workers the other
   // way (Policy::worker_spin auto): where the spinning workers took the program's core, asleep
-  // may win; where co-execution wins, they stay as they are, and nothing extra is timed.
+  // may win. Where co-execution wins the first time, it is timed once the other way as well and
+  // the faster way kept (WorkersTrial): winning does not mean the workers took no core.
   bool workers_asleep = false;
   bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
+  enum class WorkersTrial : uint8_t { Untried, Trying, Done };
+  WorkersTrial workers_trial = WorkersTrial::Untried;
+  double workers_trial_s = 0;  // Trying: co-execution's time per iteration the first way
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   double traced_seconds = 0, coexec_seconds = 0;
 

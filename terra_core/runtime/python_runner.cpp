@@ -54,7 +54,8 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // within noise of each other).
 constexpr uint64_t kAheadBytes = 32ull << 20;
 // Eager iterations after co-execution first lost with the GraphRunner's idle workers spinning,
-// before it is timed with them asleep (Graph::workers_asleep).
+// before it is timed with them asleep, and co-executed ones after it first won, before it is timed
+// with them the other way (Graph::workers_asleep, PythonRunner::choose_workers).
 constexpr int64_t kFirstAsleepRecheck = 8;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
@@ -401,16 +402,7 @@ void PythonRunner::end_iteration() {
     const uint32_t checks = graph_->payoff.checks();
     graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
                           policy_.payoff_check_budget);
-    // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
-    // wholly so): its next timing tries them the other way (Graph::workers_asleep).
-    if (choosing_spin() && graph_->payoff.checks() != checks && graph_->payoff.choice_eager()) {
-      graph_->workers_asleep = !graph_->workers_asleep;
-      // The first loss: time co-execution with them asleep soon, not after a hold that grows
-      // with how much slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps
-      // co-executed, its asleep timing late).
-      if (!graph_->tried_workers_asleep) graph_->payoff.recheck_within(kFirstAsleepRecheck);
-      graph_->tried_workers_asleep = true;
-    }
+    if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -517,6 +509,39 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   if (eager_hold_switch_ && hold != eager_held_) {
     eager_held_ = hold;
     eager_hold_switch_(eager_held_);
+  }
+}
+
+void PythonRunner::choose_workers() {
+  Graph& g = *graph_;
+  using Trial = Graph::WorkersTrial;
+  if (g.payoff.choice_eager()) {
+    // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
+    // wholly so): its next timing tries them the other way (Graph::workers_asleep).
+    g.workers_asleep = !g.workers_asleep;
+    // The first loss: time co-execution with them asleep soon, not after a hold that grows
+    // with how much slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps
+    // co-executed, its asleep timing late).
+    if (!g.tried_workers_asleep) g.payoff.recheck_within(kFirstAsleepRecheck);
+    g.tried_workers_asleep = true;
+    g.workers_trial = Trial::Done;  // a way that lost and one that did not, or both lost
+    return;
+  }
+  if (g.workers_trial == Trial::Untried) {
+    // The first win: co-execution is timed soon with the workers the other way. Winning does not
+    // mean the spinning workers took no core: hf_bert's co-execution (forced, fresh processes)
+    // ran its steps at 9-12 ms with them spinning, beating the same process's eager steps, and
+    // at 5.3-8 ms with them asleep (eager in a fresh process: 6-9 ms), the spinning worker
+    // having used 10 ms of CPU per step on two cores.
+    g.workers_trial = Trial::Trying;
+    g.workers_trial_s = g.payoff.coexec_seconds();
+    g.workers_asleep = !g.workers_asleep;
+    g.tried_workers_asleep = g.tried_workers_asleep || g.workers_asleep;
+    g.payoff.retime_coexec_within(kFirstAsleepRecheck);
+  } else if (g.workers_trial == Trial::Trying) {
+    // Both ways won against eager execution: the faster stays.
+    g.workers_trial = Trial::Done;
+    if (g.payoff.coexec_seconds() > g.workers_trial_s) g.workers_asleep = !g.workers_asleep;
   }
 }
 

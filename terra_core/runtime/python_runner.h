@@ -190,6 +190,9 @@ class PythonRunner {
   // This co-executed iteration runs with the GraphRunner's idle OpenMP workers asleep
   // (Graph::workers_asleep, or the policy).
   bool spin_limited_ = false;
+  // After a payoff check (choosing_spin): which way the graph's co-executed iterations keep the
+  // GraphRunner's idle OpenMP workers next (Graph::workers_asleep, Graph::WorkersTrial).
+  void choose_workers();
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);

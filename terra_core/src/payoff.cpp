@@ -45,7 +45,10 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   ++l.iterations;
   if (clean) (eager ? l.eager : l.coexec).add(seconds);
   if (phase_ == Phase::Hold) {
-    if (--hold_left_ <= 0) start(choice_eager_ ? Phase::MeasureCoExec : Phase::MeasureEager);
+    if (--hold_left_ <= 0) {
+      start(choice_eager_ || retime_coexec_ ? Phase::MeasureCoExec : Phase::MeasureEager);
+      retime_coexec_ = false;
+    }
     return;
   }
   ++iterations_;

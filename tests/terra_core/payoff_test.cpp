@@ -130,6 +130,35 @@ TEST(Payoff, AHoldIsLongEnoughThatItsReCheckCostsLittle) {
   EXPECT_GE(until_check(d, 4.5, 1.0, 100000), 467);
 }
 
+TEST(Payoff, CoExecutionIsRetimedWithinAHoldWhenAsked) {
+  Driver d;
+  Payoff& p = d.p;
+  until_check(d, 1.0, 2.0);
+  ASSERT_FALSE(p.choice_eager());
+  ASSERT_GT(p.hold_left(), 4);
+  // Co-executed another way from here (the runtime's idle workers asleep): timed again after 4
+  // iterations, eager execution not at all, and the check compares the new times with eager's.
+  p.retime_coexec_within(4);
+  EXPECT_EQ(d.run(4, 0.5, 2.0), 0);
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  const int took = until_check(d, 0.5, 2.0);
+  EXPECT_LE(took, Payoff::kSamples);
+  EXPECT_EQ(p.checks(), 2u);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 0.5);  // the new samples only
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 2.0);
+  // The next hold ends in an eager timing again, as usual.
+  until_check(d, 0.5, 2.0, 100000);
+  EXPECT_EQ(p.checks(), 3u);
+  // Asked during an eager hold, it does nothing: co-execution is timed next anyway.
+  Driver e;
+  until_check(e, 3.0, 1.0);
+  ASSERT_TRUE(e.p.choice_eager());
+  const int64_t left = e.p.hold_left();
+  e.p.retime_coexec_within(2);
+  EXPECT_EQ(e.p.hold_left(), left);
+}
+
 TEST(Payoff, MarginFavoursCoExecution) {
   Driver keep, drop;
   keep.run(2 * Payoff::kSamples + 1, 1.2, 1.0, /*margin=*/0.25);

@@ -339,13 +339,14 @@ def payoff_line(payoff):
 
 def spin_line(stats):
     """For explain: a graph that co-executes with the GraphRunner's idle OpenMP workers asleep
-    because with them spinning (as eager execution's do) it lost to eager execution; else None."""
+    because with them spinning (as eager execution's do) it measured slower, than eager execution
+    or than with them asleep; else None."""
     payoff = stats["payoff"]
     if not stats.get("workers_asleep") or payoff["checks"] == 0 or payoff["choice"] == "eager":
         return None
     return ("co-executes with the GraphRunner's idle OpenMP workers asleep: with them spinning, "
-            "co-execution was slower than eager execution (%terra config worker_spin=spin|sleep "
-            "fixes it)")
+            "co-execution was slower (than eager execution, or than with them asleep; "
+            "%terra config worker_spin=spin|sleep fixes it)")
 
 
 def _options(command, args, known):

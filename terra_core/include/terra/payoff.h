@@ -67,6 +67,14 @@ class Payoff {
   void recheck_within(int64_t iterations) {
     if (phase_ == Phase::Hold) hold_left_ = std::min(hold_left_, iterations);
   }
+  // Times co-execution again after at most `iterations` more of a co-execution hold (the
+  // program's co-execution is to be timed another way); the check after it compares the new
+  // times with eager's last ones. Outside such a hold: nothing.
+  void retime_coexec_within(int64_t iterations) {
+    if (phase_ != Phase::Hold || choice_eager_) return;
+    hold_left_ = std::min(hold_left_, iterations);
+    retime_coexec_ = true;
+  }
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
@@ -105,6 +113,7 @@ class Payoff {
   Phase phase_ = Phase::MeasureCoExec;
   bool choice_eager_ = false;
   bool measured_eager_ = false;
+  bool retime_coexec_ = false;  // the hold ends in a co-execution timing (retime_coexec_within)
   int samples_ = 0, iterations_ = 0;  // in the current measuring phase
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
