@@ -5,18 +5,19 @@ For a chain of K elementwise ops per iteration (`z = z + y`) on tensors of a giv
 - terra:  the same loop co-executed (after a short warm-up), in its own fresh process:
           wall time per op up to the last op issued ("issue") and including the wait for the
           GraphRunner ("total"), the program thread's CPU time per op, and the CPU time per op of
-          every other thread of the process (the GraphRunner and its OpenMP workers), read from
-          /proc/self/task/*/schedstat.
+          every other thread of the process (the GraphRunner and its OpenMP workers, including
+          workers that exited when the session ended): the process's CPU time less the program
+          thread's.
 Rounds are interleaved (eager, terra, eager, terra, ...), each child reports the median of its
 repeats and the table gives the median over rounds. Results: bench/results/per_op.{json,md}.
 """
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,17 +46,13 @@ def chain(x, y, iters):
 
 
 def other_threads_cpu_ns():
-    """CPU time of every thread of this process except the calling one (schedstat: ns on CPU)."""
-    me, total = threading.get_native_id(), 0
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) == me:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass  # the thread ended
-    return total
+    """CPU time of every thread of this process except the calling one, including threads that
+    have exited: the process's CPU time (getrusage) less the calling thread's. Summing the live
+    threads' /proc/self/task/*/schedstat instead, as this did until session 21, missed the
+    GraphRunner's OpenMP workers, which exit when a session ends (openmp_team.h): measured on
+    hf_bert's forced co-execution, 10 ms of CPU per step of a worker spinning."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return round((usage.ru_utime + usage.ru_stime - time.thread_time()) * 1e9)
 
 
 def child(mode, size, threads):
