@@ -90,7 +90,7 @@ struct Graph {
   bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
   enum class WorkersTrial : uint8_t { Untried, Trying, Done };
   WorkersTrial workers_trial = WorkersTrial::Untried;
-  double workers_trial_s = 0;  // Trying: co-execution's time per iteration the first way
+  bool workers_trial_flipped = false;  // Trying: its timing has begun, the other way
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   double traced_seconds = 0, coexec_seconds = 0;
 

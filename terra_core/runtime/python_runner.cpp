@@ -57,6 +57,9 @@ constexpr uint64_t kAheadBytes = 32ull << 20;
 // before it is timed with them asleep, and co-executed ones after it first won, before it is timed
 // with them the other way (Graph::workers_asleep, PythonRunner::choose_workers).
 constexpr int64_t kFirstAsleepRecheck = 8;
+// The workers' other way, timed after co-execution first won, stays only if at most this share of
+// the first way's time (PythonRunner::choose_workers).
+constexpr double kTrialGain = 0.9;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program
@@ -403,6 +406,7 @@ void PythonRunner::end_iteration() {
     graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
                           policy_.payoff_check_budget);
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
+    if (choosing_spin()) trial_workers();
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -532,17 +536,28 @@ void PythonRunner::choose_workers() {
     // mean the spinning workers took no core: hf_bert's co-execution (forced, fresh processes)
     // ran its steps at 9-12 ms with them spinning, beating the same process's eager steps, and
     // at 5.3-8 ms with them asleep (eager in a fresh process: 6-9 ms), the spinning worker
-    // having used 10 ms of CPU per step on two cores.
+    // having used 10 ms of CPU per step on two cores. The way flips when that timing begins
+    // (trial_workers), compared with the hold's latest times as they were.
     g.workers_trial = Trial::Trying;
-    g.workers_trial_s = g.payoff.coexec_seconds();
-    g.workers_asleep = !g.workers_asleep;
-    g.tried_workers_asleep = g.tried_workers_asleep || g.workers_asleep;
     g.payoff.retime_coexec_within(kFirstAsleepRecheck);
   } else if (g.workers_trial == Trial::Trying) {
-    // Both ways won against eager execution: the faster stays.
+    // Both ways won against eager execution: the other way stays only where it was clearly
+    // faster (one program's step time varies by 20% between runs here: a trial decided by noise
+    // would leave a program the slower way, asleep costing convolution programs 1.2-1.5x).
     g.workers_trial = Trial::Done;
-    if (g.payoff.coexec_seconds() > g.workers_trial_s) g.workers_asleep = !g.workers_asleep;
+    if (g.workers_trial_flipped &&
+        !(g.payoff.coexec_seconds() < kTrialGain * g.payoff.retimed_from_seconds()))
+      g.workers_asleep = !g.workers_asleep;
   }
+}
+
+void PythonRunner::trial_workers() {
+  Graph& g = *graph_;
+  if (g.workers_trial != Graph::WorkersTrial::Trying || g.workers_trial_flipped) return;
+  if (g.payoff.phase() != terra::Payoff::Phase::MeasureCoExec) return;
+  g.workers_trial_flipped = true;
+  g.workers_asleep = !g.workers_asleep;
+  g.tried_workers_asleep = g.tried_workers_asleep || g.workers_asleep;
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

@@ -193,6 +193,8 @@ class PythonRunner {
   // After a payoff check (choosing_spin): which way the graph's co-executed iterations keep the
   // GraphRunner's idle OpenMP workers next (Graph::workers_asleep, Graph::WorkersTrial).
   void choose_workers();
+  // At an iteration's end: where a trial's timing has just begun, flips the workers' way for it.
+  void trial_workers();
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);

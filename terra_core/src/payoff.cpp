@@ -46,6 +46,10 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   if (clean) (eager ? l.eager : l.coexec).add(seconds);
   if (phase_ == Phase::Hold) {
     if (--hold_left_ <= 0) {
+      if (retime_coexec_) {
+        const Totals t = totals(false);
+        retimed_from_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
+      }
       start(choice_eager_ || retime_coexec_ ? Phase::MeasureCoExec : Phase::MeasureEager);
       retime_coexec_ = false;
     }

@@ -75,6 +75,9 @@ class Payoff {
     hold_left_ = std::min(hold_left_, iterations);
     retime_coexec_ = true;
   }
+  // Co-execution's time per iteration (weighted over loops) from the hold's latest samples, taken
+  // as that timing began: what the new way's times are to be compared with. 0 before one.
+  double retimed_from_seconds() const { return retimed_from_s_; }
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
@@ -114,6 +117,7 @@ class Payoff {
   bool choice_eager_ = false;
   bool measured_eager_ = false;
   bool retime_coexec_ = false;  // the hold ends in a co-execution timing (retime_coexec_within)
+  double retimed_from_s_ = 0;
   int samples_ = 0, iterations_ = 0;  // in the current measuring phase
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
