@@ -17,21 +17,22 @@ workers do (TERRA_WORKER_SPIN; runtime/openmp_team.h) instead of once with the d
 import argparse
 import json
 import os
-import resource
+import threading
 import statistics
 import time
 from pathlib import Path
 
 from ab import benchmark_program, run_child  # bench/ab.py
+from per_op import other_threads_cpu_ns  # the GraphRunner and OpenMP workers, ended ones too
 
 
 
-def other_threads_cpu_s():
-    """CPU seconds of every thread of this process but the calling one, those that ended too
-    (OpenMP workers exit when the GraphRunner's pool is released at the end of each terra.run:
-    read per live thread, their spinning went uncounted)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime - time.thread_time()
+def program_runq_s():
+    """Seconds the calling thread has waited on a run queue, runnable but not running (the second
+    field of schedstat): where the program thread waits for a core, the process has more
+    runnable threads than cores (a spinning OpenMP worker beside the GraphRunner, on two)."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
 
 
 def child(name, mode, steps):
@@ -39,11 +40,12 @@ def child(name, mode, steps):
     run(10)
     rows = []
     for _ in range(5):
-        o0, c0, t0 = other_threads_cpu_s(), time.thread_time(), time.perf_counter()
+        o0, q0, c0, t0 = other_threads_cpu_ns(), program_runq_s(), time.thread_time(), time.perf_counter()
         run(steps)
         rows.append(((time.perf_counter() - t0) / steps * 1e3, (time.thread_time() - c0) / steps * 1e3,
-                     (other_threads_cpu_s() - o0) / steps * 1e3))
-    out = {k: statistics.median(r[i] for r in rows) for i, k in enumerate(("wall", "program", "others"))}
+                     (other_threads_cpu_ns() - o0) / steps / 1e6, (program_runq_s() - q0) / steps * 1e3))
+    out = {k: statistics.median(r[i] for r in rows)
+           for i, k in enumerate(("wall", "program", "others", "program_runq"))}
     if mode == "terra":
         import terra
         s = terra.stats("train")
@@ -82,17 +84,19 @@ def main():
              f"{time.strftime('%Y-%m-%dT%H:%M:%S')}, {args.rounds} interleaved rounds of fresh processes, "
              f"{args.steps} steps x 5 timed runs per process, medians; TERRA_ADAPTIVE=0; ms per step. "
              "program: the program thread's CPU; others: every other thread's CPU (GraphRunner, "
-             "OpenMP workers)." + (f" base: {args.base}" if args.base else ""), "",
-             "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} / eager"
+             "OpenMP workers); runq: the program thread's wait for a core (runnable, not running)."
+             + (f" base: {args.base}" if args.base else ""), "",
+             "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} runq | {b} / eager"
                                                    for b, _, _ in builds) + " |",
-             "|---|---:|" + "---:|---:|---:|---:|" * len(builds)]
+             "|---|---:|" + "---:|---:|---:|---:|---:|" * len(builds)]
     for name in args.programs:
         e = med(runs[(name, "eager")], "wall")
         cells = []
         for label, _, _ in builds:
             rs = runs[(name, label)]
+            runq = f"{med(rs, 'program_runq'):.2f}" if all("program_runq" in r for r in rs) else "-"
             cells += [f"{med(rs, 'wall'):.2f}", f"{med(rs, 'program'):.2f}", f"{med(rs, 'others'):.2f}",
-                      f"{med(rs, 'wall') / e:.2f}"]
+                      runq, f"{med(rs, 'wall') / e:.2f}"]
         lines.append(f"| {name} | {e:.2f} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.out:
