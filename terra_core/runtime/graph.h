@@ -84,8 +84,9 @@ struct Graph {
   // (openmp_team.h, limit_openmp_spinning). Flipped each time the payoff check finds co-execution
   // slower than eager execution, so its next timing of co-execution tries the workers the other
   // way (Policy::worker_spin auto): where the spinning workers took the program's core, asleep
-  // may win. Where co-execution wins the first time, it is timed once the other way as well and
-  // the faster way kept (WorkersTrial): winning does not mean the workers took no core.
+  // may win. Where co-execution wins the first time, it is timed once the other way as well, and
+  // that way kept where it took at most 0.9 of the first's time (WorkersTrial,
+  // PythonRunner::choose_workers): winning does not mean the workers took no core.
   bool workers_asleep = false;
   bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
   enum class WorkersTrial : uint8_t { Untried, Trying, Done };
