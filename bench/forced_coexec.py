@@ -17,7 +17,6 @@ workers do (TERRA_WORKER_SPIN; runtime/openmp_team.h) instead of once with the d
 import argparse
 import json
 import os
-import threading
 import statistics
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ def program_runq_s():
     """Seconds the calling thread has waited on a run queue, runnable but not running (the second
     field of schedstat): where the program thread waits for a core, the process has more
     runnable threads than cores (a spinning OpenMP worker beside the GraphRunner, on two)."""
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+    with open("/proc/thread-self/schedstat") as f:
         return int(f.read().split()[1]) / 1e9
 
 

@@ -144,6 +144,20 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
           {"next_check_in", p.phase() == terra::Payoff::Phase::Hold ? p.hold_left() : 0}};
 }
 
+namespace {
+
+const char* workers_trial_name(Graph::WorkersTrial t) {
+  switch (t) {
+    case Graph::WorkersTrial::Untried: return "untried";
+    case Graph::WorkersTrial::Waiting: return "waiting";
+    case Graph::WorkersTrial::Timing: return "timing";
+    case Graph::WorkersTrial::Done: break;
+  }
+  return "done";
+}
+
+}  // namespace
+
 nlohmann::json stats_json(const Graph& g) {
   size_t edges = 0;
   for (const auto& n : g.nodes) edges += n.succ.size();
@@ -173,9 +187,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"payoff", payoff_json(g.payoff)},
           {"workers_asleep", g.workers_asleep},
           {"iterations_workers_asleep", g.iterations_workers_asleep},
-          {"workers_trial", g.workers_trial == Graph::WorkersTrial::Untried ? "untried"
-                            : g.workers_trial == Graph::WorkersTrial::Trying ? "trying"
-                                                                             : "done"},
+          {"workers_trial", workers_trial_name(g.workers_trial)},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},

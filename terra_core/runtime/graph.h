@@ -89,9 +89,9 @@ struct Graph {
   // PythonRunner::choose_workers): winning does not mean the workers took no core.
   bool workers_asleep = false;
   bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
-  enum class WorkersTrial : uint8_t { Untried, Trying, Done };
+  // Waiting: for its timing, which then runs the other way (Timing) until the check after it.
+  enum class WorkersTrial : uint8_t { Untried, Waiting, Timing, Done };
   WorkersTrial workers_trial = WorkersTrial::Untried;
-  bool workers_trial_flipped = false;  // Trying: its timing has begun, the other way
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   double traced_seconds = 0, coexec_seconds = 0;
 

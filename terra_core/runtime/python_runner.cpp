@@ -538,24 +538,23 @@ void PythonRunner::choose_workers() {
     // at 5.3-8 ms with them asleep (eager in a fresh process: 6-9 ms), the spinning worker
     // having used 10 ms of CPU per step on two cores. The way flips when that timing begins
     // (trial_workers), compared with the hold's latest times as they were.
-    g.workers_trial = Trial::Trying;
+    g.workers_trial = Trial::Waiting;
     g.payoff.retime_coexec_within(kFirstAsleepRecheck);
-  } else if (g.workers_trial == Trial::Trying) {
+  } else if (g.workers_trial == Trial::Timing) {
     // Both ways won against eager execution: the other way stays only where it was clearly
     // faster (one program's step time varies by 20% between runs here: a trial decided by noise
     // would leave a program the slower way, asleep costing convolution programs 1.2-1.5x).
     g.workers_trial = Trial::Done;
-    if (g.workers_trial_flipped &&
-        !(g.payoff.coexec_seconds() < kTrialGain * g.payoff.retimed_from_seconds()))
+    if (!(g.payoff.coexec_seconds() < kTrialGain * g.payoff.retimed_from_seconds()))
       g.workers_asleep = !g.workers_asleep;
   }
 }
 
 void PythonRunner::trial_workers() {
   Graph& g = *graph_;
-  if (g.workers_trial != Graph::WorkersTrial::Trying || g.workers_trial_flipped) return;
+  if (g.workers_trial != Graph::WorkersTrial::Waiting) return;
   if (g.payoff.phase() != terra::Payoff::Phase::MeasureCoExec) return;
-  g.workers_trial_flipped = true;
+  g.workers_trial = Graph::WorkersTrial::Timing;
   g.workers_asleep = !g.workers_asleep;
   g.tried_workers_asleep = g.tried_workers_asleep || g.workers_asleep;
 }
