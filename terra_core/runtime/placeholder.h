@@ -130,6 +130,11 @@ at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
 
 inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();
+  // A placeholder has no storage until it is filled (and then is not one): most tensors are told
+  // apart by that load alone. The type check compares type names with strcmp where the type_info
+  // objects differ, as they do for every other tensor: 1.5-2% of the program thread's time on a
+  // 1x1 add chain, where each op asks this of its arguments several times.
+  if (impl->unsafe_storage()) return nullptr;
   if (typeid(*impl) != typeid(PlaceholderImpl)) return nullptr;
   auto* p = static_cast<PlaceholderImpl*>(impl);
   return p->filled() ? nullptr : p;

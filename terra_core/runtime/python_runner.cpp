@@ -748,7 +748,9 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
   bool fetched = false;
   bool settled = false;  // a .grad read answered with the real gradient (choose_grad_read)
   std::string why;
-  auto it = graph_->index.find(lookup);
+  if (kind != OpKind::GradRead) node = matching_successor(lookup, *stack);
+  auto it = graph_->index.end();
+  if (node == kNoNode) it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {
     if (kind == OpKind::GradRead) {
       const at::Tensor& t = stack->at(0).toTensor();
@@ -839,6 +841,19 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
       break;
   }
   return true;
+}
+
+uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Stack& stack) const {
+  if (cur_ == kNoNode) return kNoNode;
+  // The candidate match_node would pick is the location's first matching node, and its nodes are
+  // indexed in id order: so the smallest matching successor (two nodes of one location matching
+  // one call do not arise: the second was made because the first did not match).
+  uint32_t found = kNoNode;
+  for (const auto& [id, taken] : graph_->nodes[cur_].succ) {
+    const Node& n = graph_->nodes[id];
+    if (id < found && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) found = id;
+  }
+  return found;
 }
 
 uint32_t PythonRunner::match_node(const std::vector<uint32_t>& candidates,

@@ -208,6 +208,10 @@ class PythonRunner {
   // `why`, if given, says why the first candidate did not.
   uint32_t match_node(const std::vector<uint32_t>& candidates, const torch::jit::Stack& stack,
                       std::string* why) const;
+  // The same answer where it is a successor of the current node (the recorded path's next op,
+  // nearly always): found without the location index, a hash table too large to stay in cache
+  // (about 5% of the program thread's time on hf_bert, a miss or two per op). kNoNode otherwise.
+  uint32_t matching_successor(uint64_t lookup, const torch::jit::Stack& stack) const;
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
   // the Python side from the backward and `.grad =` ops issued so far. `settled`: the read is
   // answered with the leaf's real gradient, because no item issued since the program thread last

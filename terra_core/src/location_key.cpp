@@ -4,17 +4,6 @@
 
 namespace terra {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t hash_combine(uint64_t seed, uint64_t value) {
-  return mix64(seed ^ (value + 0x9e3779b97f4a7c15ull + (seed << 6) + (seed >> 2)));
-}
-
 uint64_t hash_bytes(std::string_view bytes) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then mixed: short names still spread well
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;

@@ -175,6 +175,31 @@ def test_a_torch_function_subclass_takes_the_original_route():
     assert s["iterations_coexecuted"] >= 2 and s["ops_fast"] == 0, s
 
 
+def test_ops_under_a_profiler_take_the_dispatcher_route_and_are_recorded():
+    # The profiler's callbacks run where the dispatcher calls an op: with them on, the fast path
+    # hands every op to the original, so the profile lists the ops it would list eagerly.
+    def prog(x, steps=8, profile_from=4):
+        out, names = [], []
+        for i in range(steps):
+            if i < profile_from:
+                out.append((x + 1) * 2)
+                continue
+            with torch.autograd.profiler.profile() as prof:
+                out.append((x + 1) * 2)
+            names.append(sorted(e.name for e in prof.function_events if e.name.startswith("aten::")))
+        return out, names
+
+    x = torch.rand(3)
+    eager_out, eager_names = prog(x)
+    out, names = terra.run(prog, x)
+    s = terra.stats(prog.__qualname__)
+    assert same(flat(out), flat(eager_out))
+    # (Co-executed, the kernels below add and mul run on the GraphRunner, out of the profile.)
+    assert len(names) == len(eager_names) == 4
+    assert all("aten::add" in n and "aten::mul" in n for n in names + eager_names), names
+    assert s["ops_fast"] > 0, s  # the unprofiled iterations took the fast path
+
+
 def test_wrong_operands_raise_as_in_eager():
     def prog(x, other, steps=5):
         for _ in range(steps):
