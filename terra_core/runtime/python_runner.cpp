@@ -736,7 +736,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
   size_t before = graph_->nodes[cur_].succ.size();
   graph_->add_edge(cur_, node);
   added_ = added_ || graph_->nodes[cur_].succ.size() != before;
-  cur_ = node;
+  take_edge(node);
   path_.push_back(node);
   ++graph_->nodes[node].count;
 }
@@ -784,7 +784,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
   }
   const OpTemplate& t = graph_->nodes[node].tmpl;
   graph_->add_edge(cur_, node);
-  cur_ = node;
+  take_edge(node);
   path_.push_back(node);
   ++graph_->nodes[node].count;
   ++graph_->ops_coexecuted;
@@ -845,15 +845,37 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
 
 uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Stack& stack) const {
   if (cur_ == kNoNode) return kNoNode;
-  // The candidate match_node would pick is the location's first matching node, and its nodes are
-  // indexed in id order: so the smallest matching successor (two nodes of one location matching
-  // one call do not arise: the second was made because the first did not match).
-  uint32_t found = kNoNode;
-  for (const auto& [id, taken] : graph_->nodes[cur_].succ) {
+  // Two nodes of one location never both match a call (the second was made because the first did
+  // not), so the successor that matches is the node match_node would find. The one taken last is
+  // tried first: its key is in the current node, and its template was prefetched (take_edge).
+  const Node& c = graph_->nodes[cur_];
+  if (c.next != kNoNode && c.next_lookup == lookup && graph_->nodes[c.next].tmpl.matches(stack, nullptr))
+    return c.next;
+  for (const auto& [id, taken] : c.succ) {
     const Node& n = graph_->nodes[id];
-    if (id < found && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) found = id;
+    if (id != c.next && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return id;
   }
-  return found;
+  return kNoNode;
+}
+
+void PythonRunner::take_edge(uint32_t node) {
+  if (cur_ != kNoNode) {
+    Node& from = graph_->nodes[cur_];
+    from.next = node;
+    from.next_lookup = graph_->nodes[node].lookup;
+  }
+  cur_ = node;
+  // The next op is validated against this node's last successor: its template's lines are cold
+  // by then on a model whose step walks megabytes of activations (the template checks were 5-7%
+  // of hf_bert's program thread, most of it waiting for memory). Fetched now, they arrive while
+  // Python runs up to the next op.
+  const uint32_t next = graph_->nodes[node].next;
+  if (next == kNoNode) return;
+  const OpTemplate& t = graph_->nodes[next].tmpl;
+  __builtin_prefetch(&t);
+  __builtin_prefetch(&t.global);
+  __builtin_prefetch(&t.args);
+  __builtin_prefetch(&t.outs);
 }
 
 uint32_t PythonRunner::match_node(const std::vector<uint32_t>& candidates,

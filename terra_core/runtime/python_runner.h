@@ -212,6 +212,9 @@ class PythonRunner {
   // nearly always): found without the location index, a hash table too large to stay in cache
   // (about 5% of the program thread's time on hf_bert, a miss or two per op). kNoNode otherwise.
   uint32_t matching_successor(uint64_t lookup, const torch::jit::Stack& stack) const;
+  // The program goes from the current node to `node` (which becomes current); remembered as the
+  // current node's last successor.
+  void take_edge(uint32_t node);
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
   // the Python side from the backward and `.grad =` ops issued so far. `settled`: the read is
   // answered with the leaf's real gradient, because no item issued since the program thread last
