@@ -82,6 +82,32 @@ def test_new_branch_diverges_with_a_reason_and_stays_correct():
     assert where is not None and where[0].endswith("test_engine.py"), reasons
 
 
+def alternating(x, w, steps):
+    """Two known branches taken in turn: the op after `h` has two successors, and the one taken
+    last (tried first when the next op is validated) is the wrong one every other time."""
+    out = []
+    for i in range(steps):
+        h = x @ w
+        if i % 2:
+            z = (h + 1).relu() * 3
+        else:
+            z = (h - 1).tanh() / 2
+        out.append(z.sum())
+    return out
+
+
+def test_branches_taken_in_turn_are_validated_along_either_successor():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(4, 5, generator=g), torch.randn(5, 3, generator=g)
+    eager = alternating(x, w, 40)
+    got = terra.run(alternating, x, w, 40)
+    assert all(torch.equal(a, b) for a, b in zip(eager, got))
+    stats = terra.stats("alternating")
+    # Once both branches are in the graph, every iteration follows a recorded path.
+    assert stats["iterations_coexecuted"] >= 30, stats
+    assert stats["fallbacks"] <= 2, stats
+
+
 def test_python_scalars_are_feeds_not_constants():
     # A learning rate that changes after warm-up must not force a re-trace.
     eager, _ = train(10, lr=0.05)
