@@ -16,9 +16,10 @@ when the name is rebound; co-executed, an item still holds that tensor then, tor
 object alive ("resurrects" it), and it is freed inside a later call, by reclaim (the row
 "resurrected Python objects freed"). So the co-executed figure is pessimistic by up to that row.
 Per op: the difference between a run of N2 and one of N1 iterations, over (N2 - N1) * K ops, so
-warm-up and tracing cancel. Co-executed totals vary by a percent or two between runs (how many
-executed items a reclaim finds depends on how the threads interleaved); the parts that do not
-depend on the GraphRunner (argument building, lookup, validation) do not vary.
+warm-up and tracing cancel. Co-executed totals vary by up to 6% between runs (one build: 6,256
+to 6,647), in the parts that depend on how the threads interleaved (how many executed items a
+reclaim finds, whether a result's Python object was resurrected); the parts that do not depend on
+the GraphRunner (argument building, lookup, validation) do not vary.
 
     .venv/bin/python bench/per_op_instructions.py [--base /tmp/base/build/python]
 

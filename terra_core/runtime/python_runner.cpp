@@ -586,7 +586,13 @@ bool Policy::on_unless_zero(const char* env) {
 }
 
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
+  // The predicted node's argument specs are fetched in two steps around the stack walk, each
+  // step reading only lines the one before fetched (take_edge fetched the template itself):
+  // the template checks then find them in cache instead of waiting on each in turn.
+  const OpTemplate* predicted = mode_ == Mode::CoExec ? predicted_template() : nullptr;
+  if (predicted) prefetch_arg_specs(*predicted);
   uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_));
+  if (predicted) prefetch_arg_metas(*predicted);
   // Counts restart every iteration: an entry from an earlier iteration counts as zero, so the map
   // keeps its nodes from one iteration to the next instead of being cleared and refilled.
   Occurrence& n = occurrences_[base];
@@ -876,6 +882,36 @@ void PythonRunner::take_edge(uint32_t node) {
   __builtin_prefetch(&t.global);
   __builtin_prefetch(&t.args);
   __builtin_prefetch(&t.outs);
+}
+
+const OpTemplate* PythonRunner::predicted_template() const {
+  if (cur_ == kNoNode) return nullptr;
+  const uint32_t next = graph_->nodes[cur_].next;
+  return next == kNoNode ? nullptr : &graph_->nodes[next].tmpl;
+}
+
+namespace {
+constexpr size_t kPrefetchArgs = 4;  // the first arguments' specs: tensors come first in most ops
+}  // namespace
+
+void PythonRunner::prefetch_arg_specs(const OpTemplate& t) {
+  const size_t n = std::min(t.args.size(), kPrefetchArgs);
+  for (size_t i = 0; i < n; ++i) {
+    const char* a = reinterpret_cast<const char*>(&t.args[i]);
+    for (size_t line = 0; line < sizeof(ArgSpec); line += 64) __builtin_prefetch(a + line);
+  }
+}
+
+void PythonRunner::prefetch_arg_metas(const OpTemplate& t) {
+  const size_t n = std::min(t.args.size(), kPrefetchArgs);
+  for (size_t i = 0; i < n; ++i) {
+    const ArgSpec& a = t.args[i];
+    if (a.kind != ArgSpec::Kind::Tensor || a.metas.empty()) continue;
+    __builtin_prefetch(a.metas.data());
+#if defined(__GLIBCXX__)
+    if (!a.wrapped.empty()) __builtin_prefetch(a.wrapped.begin()._M_p);  // vector<bool>'s words
+#endif
+  }
 }
 
 uint32_t PythonRunner::match_node(const std::vector<uint32_t>& candidates,
