@@ -16,10 +16,11 @@ when the name is rebound; co-executed, an item still holds that tensor then, tor
 object alive ("resurrects" it), and it is freed inside a later call, by reclaim (the row
 "resurrected Python objects freed"). So the co-executed figure is pessimistic by up to that row.
 Per op: the difference between a run of N2 and one of N1 iterations, over (N2 - N1) * K ops, so
-warm-up and tracing cancel. Co-executed totals vary by up to 6% between runs (one build: 6,256
-to 6,647), in the parts that depend on how the threads interleaved (how many executed items a
-reclaim finds, whether a result's Python object was resurrected); the parts that do not depend on
-the GraphRunner (argument building, lookup, validation) do not vary.
+warm-up and tracing cancel. Co-executed totals vary by up to 16% between runs (one build: 6,256
+to 7,279; more when other work shares the cores), in the parts that depend on how the threads
+interleaved (how many executed items a reclaim finds, whether a result's Python object was
+resurrected, wrapping the result); compare builds by the parts that do not depend on the
+GraphRunner (argument building, location key, validation), which barely vary.
 
     .venv/bin/python bench/per_op_instructions.py [--base /tmp/base/build/python]
 
@@ -37,6 +38,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from per_op import K, chain  # bench/per_op.py (it sets TERRA_ADAPTIVE=0: co-execution itself)
 
 N1, N2 = 20, 60
 WARM = 100  # co-executed iterations before the counted ones (terra mode)
@@ -57,8 +60,6 @@ PARTS = [
 
 
 def child(mode, iterations):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from per_op import add_k, chain  # noqa: F401  (per_op sets TERRA_ADAPTIVE=0: co-execution itself)
     import torch
     torch.set_num_threads(1)  # a 1x1 add never runs parallel; no OpenMP pool under valgrind
     x, y = torch.randn(1, 1), torch.randn(1, 1)
@@ -102,8 +103,7 @@ def counted(mode, iterations, pythonpath, outdir):
     return total, functions
 
 
-def per_op(mode, pythonpath, outdir):
-    from per_op import K
+def instructions_per_op(mode, pythonpath, outdir):
     (t1, f1), (t2, f2) = (counted(mode, n, pythonpath, outdir) for n in (N1, N2))
     ops = (N2 - N1) * K
     parts = {}
@@ -124,15 +124,13 @@ def main():
         return child(args.child[0], int(args.child[1]))
     if not shutil.which("valgrind"):
         sys.exit("bench/per_op_instructions.py needs valgrind (apt-get install valgrind)")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     runs = [("eager", "eager", None), ("terra", "this", None)]
     if args.base:
         runs.append(("terra", "base", args.base))
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {label: pool.submit(per_op, mode, pp, tmp) for mode, label, pp in runs}
+        futures = {label: pool.submit(instructions_per_op, mode, pp, tmp) for mode, label, pp in runs}
         results = {label: f.result() for label, f in futures.items()}
     import torch
-    from per_op import K
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__, "ops_per_iteration": K,
            "iterations": [N1, N2], "base": args.base_label or args.base, "results": results}
     res = Path(__file__).resolve().parent / "results"

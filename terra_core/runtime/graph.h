@@ -38,10 +38,8 @@ struct Node {
   // (python/fast_path.cpp): where the fast path would help next (`%terra explain`).
   uint64_t dispatched = 0;
   std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
-  // The successor taken last and its lookup key, kept in the node the program thread has just
-  // validated (so in cache): the next op is checked against it first (matching_successor).
+  // The successor taken last: the next op is checked against it first (matching_successor).
   uint32_t next = UINT32_MAX;
-  uint64_t next_lookup = 0;
   // What the core's TraceGraph shows of this node (Graph::record_path), made once: each new path
   // made it again for every op it holds, with a copy of every frame's strings.
   std::shared_ptr<const terra::SourceInfo> source_info;

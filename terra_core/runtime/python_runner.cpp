@@ -585,6 +585,42 @@ bool Policy::on_unless_zero(const char* env) {
   return !(value && std::string(value) == "0");
 }
 
+namespace {
+
+constexpr size_t kPrefetchArgs = 4;  // the first arguments' specs: tensors come first in most ops
+
+// A cache line fetched ahead of use. The empty asm makes it count as work: GCC treats a prefetch as
+// free of side effects and deleted whole loops of them (prefetch_arg_specs, inlined, compiled to
+// nothing, and hf_bert's template checks were back to waiting on memory).
+inline void fetch(const void* p) {
+  __builtin_prefetch(p);
+  asm volatile("" : : "r"(p));
+}
+
+// The argument specs of a template (whose own lines are in cache), then their tensor metadata
+// (once the specs are): fetched ahead of the template checks (PythonRunner::lookup_key).
+void prefetch_arg_specs(const OpTemplate& t) {
+  const size_t n = std::min(t.args.size(), kPrefetchArgs);
+  for (size_t i = 0; i < n; ++i) {
+    const char* a = reinterpret_cast<const char*>(&t.args[i]);
+    for (size_t line = 0; line < sizeof(ArgSpec); line += 64) fetch(a + line);
+  }
+}
+
+void prefetch_arg_metas(const OpTemplate& t) {
+  const size_t n = std::min(t.args.size(), kPrefetchArgs);
+  for (size_t i = 0; i < n; ++i) {
+    const ArgSpec& a = t.args[i];
+    if (a.kind != ArgSpec::Kind::Tensor || a.metas.empty()) continue;
+    fetch(a.metas.data());
+#if defined(__GLIBCXX__)
+    if (!a.wrapped.empty()) fetch(a.wrapped.begin()._M_p);  // vector<bool>'s words
+#endif
+  }
+}
+
+}  // namespace
+
 uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
   // The predicted node's argument specs are fetched in two steps around the stack walk, each
   // step reading only lines the one before fetched (take_edge fetched the template itself):
@@ -853,10 +889,12 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
   if (cur_ == kNoNode) return kNoNode;
   // Two nodes of one location never both match a call (the second was made because the first did
   // not), so the successor that matches is the node match_node would find. The one taken last is
-  // tried first: its key is in the current node, and its template was prefetched (take_edge).
+  // tried first: its key and template were prefetched when the current node was reached.
   const Node& c = graph_->nodes[cur_];
-  if (c.next != kNoNode && c.next_lookup == lookup && graph_->nodes[c.next].tmpl.matches(stack, nullptr))
-    return c.next;
+  if (c.next != kNoNode) {
+    const Node& n = graph_->nodes[c.next];
+    if (n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return c.next;
+  }
   for (const auto& [id, taken] : c.succ) {
     const Node& n = graph_->nodes[id];
     if (id != c.next && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return id;
@@ -865,53 +903,25 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
 }
 
 void PythonRunner::take_edge(uint32_t node) {
-  if (cur_ != kNoNode) {
-    Node& from = graph_->nodes[cur_];
-    from.next = node;
-    from.next_lookup = graph_->nodes[node].lookup;
-  }
+  if (cur_ != kNoNode) graph_->nodes[cur_].next = node;
   cur_ = node;
-  // The next op is validated against this node's last successor: its template's lines are cold
-  // by then on a model whose step walks megabytes of activations (the template checks were 5-7%
-  // of hf_bert's program thread, most of it waiting for memory). Fetched now, they arrive while
-  // Python runs up to the next op.
+  // The next op is validated against this node's last successor: its lines are cold by then on a
+  // model whose step walks megabytes of activations (the template checks were 5-7% of hf_bert's
+  // program thread, most of it waiting for memory). Fetched now, they arrive while Python runs
+  // up to the next op.
   const uint32_t next = graph_->nodes[node].next;
   if (next == kNoNode) return;
-  const OpTemplate& t = graph_->nodes[next].tmpl;
-  __builtin_prefetch(&t);
-  __builtin_prefetch(&t.global);
-  __builtin_prefetch(&t.args);
-  __builtin_prefetch(&t.outs);
+  const Node& n = graph_->nodes[next];
+  for (const void* line : {static_cast<const void*>(&n.lookup), static_cast<const void*>(&n.tmpl),
+                           static_cast<const void*>(&n.tmpl.global), static_cast<const void*>(&n.tmpl.args),
+                           static_cast<const void*>(&n.tmpl.outs)})
+    fetch(line);
 }
 
 const OpTemplate* PythonRunner::predicted_template() const {
   if (cur_ == kNoNode) return nullptr;
   const uint32_t next = graph_->nodes[cur_].next;
   return next == kNoNode ? nullptr : &graph_->nodes[next].tmpl;
-}
-
-namespace {
-constexpr size_t kPrefetchArgs = 4;  // the first arguments' specs: tensors come first in most ops
-}  // namespace
-
-void PythonRunner::prefetch_arg_specs(const OpTemplate& t) {
-  const size_t n = std::min(t.args.size(), kPrefetchArgs);
-  for (size_t i = 0; i < n; ++i) {
-    const char* a = reinterpret_cast<const char*>(&t.args[i]);
-    for (size_t line = 0; line < sizeof(ArgSpec); line += 64) __builtin_prefetch(a + line);
-  }
-}
-
-void PythonRunner::prefetch_arg_metas(const OpTemplate& t) {
-  const size_t n = std::min(t.args.size(), kPrefetchArgs);
-  for (size_t i = 0; i < n; ++i) {
-    const ArgSpec& a = t.args[i];
-    if (a.kind != ArgSpec::Kind::Tensor || a.metas.empty()) continue;
-    __builtin_prefetch(a.metas.data());
-#if defined(__GLIBCXX__)
-    if (!a.wrapped.empty()) __builtin_prefetch(a.wrapped.begin()._M_p);  // vector<bool>'s words
-#endif
-  }
 }
 
 uint32_t PythonRunner::match_node(const std::vector<uint32_t>& candidates,

@@ -215,11 +215,8 @@ class PythonRunner {
   // The program goes from the current node to `node` (which becomes current); remembered as the
   // current node's last successor.
   void take_edge(uint32_t node);
-  // The template of the current node's last successor (the op most likely next), or nullptr; its
-  // argument specs, then their tensor metadata, fetched into cache ahead of the checks.
+  // The template of the current node's last successor (the op most likely next), or nullptr.
   const OpTemplate* predicted_template() const;
-  static void prefetch_arg_specs(const OpTemplate& t);
-  static void prefetch_arg_metas(const OpTemplate& t);
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
   // the Python side from the backward and `.grad =` ops issued so far. `settled`: the read is
   // answered with the leaf's real gradient, because no item issued since the program thread last
