@@ -1,6 +1,7 @@
 #include "block_replay.h"
 
 #include "backward_hooks.h"
+#include "elementwise_replay.h"
 #include "graph_runner.h"
 #include "op_template.h"
 #include "openmp_team.h"
@@ -538,6 +539,9 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   RecordedKernel k;
   k.op = &op;
   k.keys = keys;
+  if (const auto e = ElementwiseReplay::covered(op);
+      e != ElementwiseReplay::Op::None && keys.highestPriorityTypeId() == c10::DispatchKey::CPU)
+    k.elementwise = std::make_shared<ElementwiseReplay>(e);
   for (size_t i = stack.size() - n; i < stack.size(); ++i) k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
@@ -1193,7 +1197,7 @@ void BlockReplayer::run(WorkItem& item) {
         spread_ += spreads;
         const int threads = k.one_thread && !spreads ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
-        {
+        if (!k.elementwise || !k.elementwise->run(stack)) {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);
         }

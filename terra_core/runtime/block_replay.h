@@ -55,6 +55,7 @@ struct Node;
 namespace terra::runtime {
 
 struct WorkItem;
+class ElementwiseReplay;
 enum class OpKind : uint8_t;
 
 // What a recorded kernel argument (or an item's output, or a gradient) is at replay time.
@@ -86,6 +87,9 @@ struct RecordedKernel {
   bool spread = false;
   static constexpr uint64_t kSpreadNs = 50'000;
   std::vector<uint32_t> release;    // table entries last read by this kernel
+  // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
+  // null for the others. Used by the GraphRunner thread only.
+  std::shared_ptr<ElementwiseReplay> elementwise;
 };
 
 // One item of the block: what it was, and how to run it again.

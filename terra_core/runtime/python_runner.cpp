@@ -259,6 +259,7 @@ void PythonRunner::exit() {
   mode_ = Mode::Off;
   set_hook(false);
   live_.clear();
+  live_prune_at_ = kLivePruneSlack;
   set_value_graveyard(nullptr);
   graveyard_.clear();
   if (runner_) RunnerAllocator::install().release();  // eager work keeps none of its memory
@@ -417,9 +418,10 @@ void PythonRunner::end_iteration() {
   if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
-  if (live_.size() > 4096) {
+  if (live_.size() > live_prune_at_) {
     live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& w) { return w.expired(); }),
                 live_.end());
+    live_prune_at_ = 2 * live_.size() + kLivePruneSlack;
   }
   if (runner_) runner_->reclaim();
 }

@@ -263,6 +263,8 @@ class PythonRunner {
   std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
   torch::jit::Stack scratch_;   // issue(): the returns' buffer, reused
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
+  size_t live_prune_at_ = kLivePruneSlack;  // prune `live_` of dead entries past this size
+  static constexpr size_t kLivePruneSlack = 256;
   uint64_t last_external_write_ = 0;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host
   // scalars (Adam's step counter) that the GraphRunner never touches are updated and read in the

@@ -1,0 +1,124 @@
+// The stubs' call operators are inline and pass one function pointer per CPU capability that
+// LibTorch was built with: on x86-64 the default, AVX512 and AVX2 kernels (its
+// `DispatchStubImpl::get_call_ptr` takes those three). Elsewhere no operator is covered.
+#if defined(__x86_64__)
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#define TERRA_ELEMENTWISE_STUBS 1
+#endif
+#include "elementwise_replay.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/StorageImpl.h>
+
+namespace terra::runtime {
+
+ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op) {
+#ifndef TERRA_ELEMENTWISE_STUBS
+  return Op::None;
+#endif
+  const c10::OperatorName& name = op.operator_name();
+  if (name.overload_name != "Tensor") return Op::None;
+  if (name.name == "aten::add") return Op::Add;
+  if (name.name == "aten::sub") return Op::Sub;
+  if (name.name == "aten::mul") return Op::Mul;
+  if (name.name == "aten::div") return Op::Div;
+  return Op::None;
+}
+
+bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const {
+  for (const at::Tensor* t : {&a, &b}) {
+    if (!t->defined() || t->layout() != c10::kStrided || !t->device().is_cpu() || t->is_conj() ||
+        t->is_neg() || !t->has_storage() || t->is_quantized())
+      return false;
+  }
+  if (a.scalar_type() != b.scalar_type()) return false;  // no promotion: no converted copies
+  switch (a.scalar_type()) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+      return true;
+    default:
+      return false;  // reduced floats: the stubs read scalar operands' values and remove them
+  }
+}
+
+void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
+  const auto stand_in = [](const at::Tensor& t) {
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+  };
+  const at::Tensor sa = stand_in(a), sb = stand_in(b);
+  at::TensorBase out;  // undefined: the iterator allocates it as the structured kernel does
+  auto iter = std::make_unique<at::TensorIterator>(op_ == Op::Div ? at::TensorIterator::binary_float_op(out, sa, sb)
+                                                                  : at::TensorIterator::binary_op(out, sa, sb));
+  const at::TensorBase& o = iter->output_base(0);
+  if (iter->ntensors() != 3 || o.scalar_type() != a.scalar_type() || o.storage_offset() != 0) return;
+  out_ = {o.sizes().vec(), o.strides().vec()};
+  in_[0] = {a.sizes().vec(), a.strides().vec()};
+  in_[1] = {b.sizes().vec(), b.strides().vec()};
+  dtype_ = a.scalar_type();
+  point(o, nullptr);  // its memory goes back now: each run points it at that run's result
+  iter_ = std::move(iter);
+}
+
+void ElementwiseReplay::point(const at::TensorBase& stand_in, void* data) {
+  stand_in.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
+      at::DataPtr(data, c10::Device(c10::kCPU)));
+}
+
+void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
+  // What each operator's implementation does with the iterator its meta function built
+  // (ATen/native/BinaryOps.cpp; add's is generated from its ufunc).
+#ifdef TERRA_ELEMENTWISE_STUBS
+  switch (op_) {
+    case Op::Add: at::native::add_stub(c10::kCPU, *iter_, alpha); break;
+    case Op::Sub: at::native::add_stub(c10::kCPU, *iter_, -alpha); break;
+    case Op::Mul: at::native::mul_stub(c10::kCPU, *iter_); break;
+    case Op::Div: at::native::div_true_stub(c10::kCPU, *iter_); break;
+    case Op::None: break;
+  }
+#endif
+}
+
+bool ElementwiseReplay::run(torch::jit::Stack& stack) {
+  const size_t nargs = (op_ == Op::Add || op_ == Op::Sub) ? 3 : 2;
+  if (given_up_ || stack.size() != nargs || !stack[0].isTensor() || !stack[1].isTensor()) return false;
+  const at::Tensor& a = stack[0].toTensor();
+  const at::Tensor& b = stack[1].toTensor();
+  if (!eligible(a, b)) return false;
+  if (nargs == 3) {  // what the meta function's alpha_check refuses, the dispatcher refuses
+    if (!stack[2].isScalar()) return false;
+    const c10::Scalar alpha = stack[2].toScalar();
+    if (alpha.isComplex() || alpha.isBoolean() ||
+        (alpha.isFloatingPoint() && c10::isIntegralType(a.scalar_type(), /*includeBool=*/true)))
+      return false;
+  }
+  if (!iter_) {
+    build(a, b);
+    if (!iter_) {
+      given_up_ = true;
+      return false;
+    }
+  }
+  if (a.scalar_type() != dtype_ || !in_[0].matches(a) || !in_[1].matches(b)) return false;
+  at::Tensor result = at::detail::empty_strided_cpu(out_.sizes, out_.strides, dtype_);
+  void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
+  for (int i = 0; i < 3; ++i) {
+    point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);
+    iter_->unsafe_replace_operand(i, data[i]);
+  }
+  call_stub(nargs == 3 ? stack[2].toScalar() : c10::Scalar(1));
+  if (iter_->ntensors() != 3) {  // a stub folded an operand into a constant: the result stands
+    iter_.reset();
+    given_up_ = true;
+  }
+  stack.clear();
+  stack.emplace_back(std::move(result));
+  ++runs_;
+  return true;
+}
+
+}  // namespace terra::runtime

@@ -1,0 +1,125 @@
+// Elementwise kernels replayed through a kept TensorIterator (elementwise_replay.h): every result
+// is compared bitwise with the operator called through the dispatcher, on the same inputs.
+#include "elementwise_replay.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace terra::runtime {
+namespace {
+
+const c10::OperatorHandle& handle(const char* name, const char* overload) {
+  static std::map<std::string, c10::OperatorHandle> ops;
+  const std::string key = std::string(name) + "." + overload;
+  auto it = ops.find(key);
+  if (it == ops.end())
+    it = ops.emplace(key, c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)).first;
+  return it->second;
+}
+
+// The operator's result through the dispatcher (what replay ran before).
+at::Tensor dispatched(const c10::OperatorHandle& op, torch::jit::Stack stack) {
+  op.callBoxed(&stack);
+  return stack.at(0).toTensor();
+}
+
+void expect_same(const at::Tensor& a, const at::Tensor& b) {
+  ASSERT_EQ(a.sizes(), b.sizes());
+  ASSERT_EQ(a.strides(), b.strides());
+  ASSERT_EQ(a.scalar_type(), b.scalar_type());
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_EQ(0, std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()));
+}
+
+// `alpha` is passed as an integer to integer tensors (a float one is refused, as the dispatcher does).
+torch::jit::Stack args(const char* name, const at::Tensor& a, const at::Tensor& b, double alpha) {
+  torch::jit::Stack s{a, b};
+  if (std::string(name) == "aten::add" || std::string(name) == "aten::sub")
+    s.emplace_back(a.is_floating_point() ? c10::Scalar(alpha) : c10::Scalar(static_cast<int64_t>(alpha)));
+  return s;
+}
+
+TEST(ElementwiseReplay, CoversTheFunctionalArithmeticOperatorsOnly) {
+  EXPECT_EQ(ElementwiseReplay::Op::Add, ElementwiseReplay::covered(handle("aten::add", "Tensor")));
+  EXPECT_EQ(ElementwiseReplay::Op::Div, ElementwiseReplay::covered(handle("aten::div", "Tensor")));
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::add_", "Tensor")));
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::div", "Tensor_mode")));
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::mm", "")));
+}
+
+// Each operator, run several times with new data of the recorded geometry (broadcast, transposed,
+// a strided slice), gives the dispatcher's bits and layout every time.
+TEST(ElementwiseReplay, RepeatedRunsGiveTheDispatchersBits) {
+  for (const char* name : {"aten::add", "aten::sub", "aten::mul", "aten::div"}) {
+    for (auto dtype : {at::kFloat, at::kDouble, at::kLong}) {
+      if (std::string(name) == "aten::div" && dtype == at::kLong) continue;  // promotes: not covered
+      const auto& op = handle(name, "Tensor");
+      ElementwiseReplay replay(ElementwiseReplay::covered(op));
+      at::manual_seed(7);
+      for (int run = 0; run < 4; ++run) {
+        auto make = [&](std::vector<int64_t> sizes) {
+          at::Tensor t = at::randn(sizes, at::kDouble).mul(10);
+          return dtype == at::kLong ? t.to(at::kLong).add(1) : t.to(dtype);
+        };
+        const at::Tensor a = make({33, 17}).t();      // transposed
+        const at::Tensor b = make({33}).unsqueeze(0);  // broadcast along dim 0
+        const double alpha = 0.5 * run + 1;
+        const double alpha_for = dtype == at::kLong ? std::floor(alpha) : alpha;
+        torch::jit::Stack stack = args(name, a, b, alpha_for);
+        ASSERT_TRUE(replay.run(stack)) << name << " run " << run;
+        ASSERT_EQ(1u, stack.size());
+        expect_same(stack[0].toTensor(), dispatched(op, args(name, a, b, alpha_for)));
+        const at::Tensor c = make({40, 34}).slice(1, 0, 34, 2);  // strided: another geometry
+        const at::Tensor d = make({40, 17});
+        torch::jit::Stack other = args(name, c, d, alpha_for);
+        EXPECT_FALSE(replay.run(other)) << "another geometry must take the dispatcher";
+        EXPECT_EQ(args(name, c, d, alpha_for).size(), other.size()) << "and leave its stack as it was";
+      }
+      EXPECT_EQ(4u, replay.runs()) << name;
+    }
+  }
+}
+
+TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
+  const auto& op = handle("aten::mul", "Tensor");
+  ElementwiseReplay replay(ElementwiseReplay::covered(op));
+  torch::jit::Stack mixed{at::ones({4}), at::ones({4}, at::kDouble)};
+  EXPECT_FALSE(replay.run(mixed));
+  torch::jit::Stack half{at::ones({4}, at::kBFloat16), at::ones({4}, at::kBFloat16)};
+  EXPECT_FALSE(replay.run(half));
+  // A Python number arrives as a wrapped 0-dim double: with float tensors that promotes.
+  torch::jit::Stack wrapped{at::ones({4}), at::scalar_tensor(2.0, at::kDouble)};
+  EXPECT_FALSE(replay.run(wrapped));
+  EXPECT_EQ(0u, replay.runs());
+  // alpha as the meta function checks it: a float alpha for integer tensors is the dispatcher's error.
+  ElementwiseReplay add(ElementwiseReplay::covered(handle("aten::add", "Tensor")));
+  torch::jit::Stack float_alpha{at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(0.5)};
+  EXPECT_FALSE(add.run(float_alpha));
+  torch::jit::Stack int_alpha{at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(int64_t{3})};
+  ASSERT_TRUE(add.run(int_alpha));
+  EXPECT_EQ(4, int_alpha[0].toTensor()[0].item<int64_t>());
+}
+
+// The kept iterator holds no reference to, and no memory of, any run's tensors.
+TEST(ElementwiseReplay, KeepsNoTensorAlive) {
+  const auto& op = handle("aten::add", "Tensor");
+  ElementwiseReplay replay(ElementwiseReplay::covered(op));
+  at::Tensor a = at::randn({64, 64}), b = at::randn({64, 64});
+  torch::jit::Stack stack{a, b, c10::Scalar(1.0)};
+  ASSERT_TRUE(replay.run(stack));
+  at::Tensor result = stack[0].toTensor();
+  stack.clear();
+  EXPECT_EQ(1u, a.use_count());
+  EXPECT_EQ(1u, b.use_count());
+  EXPECT_EQ(1u, result.use_count());
+  EXPECT_EQ(1u, result.storage().use_count());
+}
+
+}  // namespace
+}  // namespace terra::runtime
