@@ -675,13 +675,20 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   }
   const int threads = at::get_num_threads();
   // Runs the kernel on `args` with `n` threads from the generator state before it; its returns.
+  // The fastest one-thread run: what the kernel costs the GraphRunner alone (RecordedKernel::spread).
+  uint64_t one_thread_ns = UINT64_MAX;
   auto run = [&](torch::jit::Stack args, int n) {
     if (drew) {
       std::lock_guard<std::mutex> g(generator.mutex());
       generator.set_state(m.rng_before);
     }
     set_intraop_threads(n);
+    const auto t0 = std::chrono::steady_clock::now();
     op.redispatchBoxed(keys, &args);
+    if (n == 1) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+      one_thread_ns = std::min<uint64_t>(one_thread_ns, static_cast<uint64_t>(ns.count()));
+    }
     return args;
   };
   auto outs_equal = [&](const torch::jit::Stack& a, const torch::jit::Stack& b) {
@@ -731,7 +738,13 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   }
   m.copies.clear();
   m.originals.clear();
-  m.block.kernels.back().one_thread = same;
+  RecordedKernel& checked = m.block.kernels.back();
+  checked.one_thread = same;
+  // The recorded run alone can take 10x its usual time (its outputs' pages touched for the first
+  // time, the other core busy): a 256x256 add's 5 us measured 50 in some runs, and spreading it
+  // woke the OpenMP worker, which then spun beside the program (1x1-to-256x256 chains, bench/per_op.py:
+  // 14.7 us of CPU per op where 7.1 without). The fastest of the one-thread runs decides too.
+  if (one_thread_ns != UINT64_MAX) checked.spread = checked.spread && one_thread_ns >= RecordedKernel::kSpreadNs;
   if (m.check_key != 0) Verdicts::process().store(m.check_key, same);
 }
 
@@ -1197,10 +1210,17 @@ void BlockReplayer::run(WorkItem& item) {
         spread_ += spreads;
         const int threads = k.one_thread && !spreads ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
+        // A kernel marked for spreading that runs on one thread is timed: one that ran in under
+        // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
+        // from the cache file skips the recording's own one-thread runs) and is spread no more.
+        const bool timed = k.spread && threads == 1;
+        const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
         if (!k.elementwise || !k.elementwise->run(stack)) {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);
         }
+        if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))
+          k.spread = false;
         // What eager's ADInplaceOrView does around the kernel: bump the version of what it
         // wrote; a view shares its base's version counter.
         for (const at::Tensor& w : written)

@@ -84,7 +84,9 @@ struct RecordedKernel {
   // Worth the program's intra-op threads while the program thread waits: it ran for at least
   // kSpreadNs when recorded and a tensor of its call has at least ATen's grain size of elements
   // (the time alone is no guide: a kernel's first call can take 50 us and its next ones 2).
-  bool spread = false;
+  // Cleared by a replay that ran it on one thread in under half of kSpreadNs (BlockReplayer::run:
+  // the recorded time was an accident), hence mutable; GraphRunner thread only.
+  mutable bool spread = false;
   static constexpr uint64_t kSpreadNs = 50'000;
   std::vector<uint32_t> release;    // table entries last read by this kernel
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);

@@ -13,12 +13,20 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/StorageImpl.h>
 
+#include <cstdlib>
+#include <string>
+
 namespace terra::runtime {
 
 ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op) {
 #ifndef TERRA_ELEMENTWISE_STUBS
   return Op::None;
 #endif
+  static const bool off = [] {  // TERRA_ELEMENTWISE=0: every kernel through the dispatcher (A/B runs)
+    const char* v = std::getenv("TERRA_ELEMENTWISE");
+    return v && std::string(v) == "0";
+  }();
+  if (off) return Op::None;
   const c10::OperatorName& name = op.operator_name();
   if (name.overload_name != "Tensor") return Op::None;
   if (name.name == "aten::add") return Op::Add;
