@@ -1215,7 +1215,7 @@ void BlockReplayer::run(WorkItem& item) {
         // from the cache file skips the recording's own one-thread runs) and is spread no more.
         const bool timed = k.spread && threads == 1;
         const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-        if (!k.elementwise || !k.elementwise->run(stack)) {
+        if (!k.elementwise || threads != 1 || !k.elementwise->run(stack)) {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);
         }
