@@ -110,6 +110,19 @@ int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) 
                                                  : std::max(base, static_cast<int64_t>(needed));
 }
 
+bool Payoff::resume_coexec(double margin, double check_budget) {
+  if (phase_ != Phase::Hold || !choice_eager_ || !(retimed_from_s_ > 0) ||
+      !(retimed_from_s_ <= eager_s_ * (1.0 + margin)))
+    return false;
+  coexec_s_ = retimed_from_s_;
+  hold_ = hold_for(kFirstHold, coexec_s_, eager_s_, check_budget);
+  hold_left_ = hold_;
+  choice_eager_ = false;
+  // The other way's samples must not decide the next check: the hold refills the windows.
+  for (auto& [id, l] : loops_) l.coexec = Window{};
+  return true;
+}
+
 void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;

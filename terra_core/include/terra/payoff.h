@@ -78,6 +78,11 @@ class Payoff {
   // Co-execution's time per iteration (weighted over loops) from the hold's latest samples, taken
   // as that timing began: what the new way's times are to be compared with. 0 before one.
   double retimed_from_seconds() const { return retimed_from_s_; }
+  // After a check chose eager execution because co-execution timed another way lost, while the
+  // way before it (at retimed_from_seconds) was within `margin` of eager's time: co-execution
+  // goes on the way before, held as a first choice at those times. False (nothing changes): no
+  // such check.
+  bool resume_coexec(double margin, double check_budget = kCheckBudget);
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
