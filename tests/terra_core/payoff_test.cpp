@@ -165,37 +165,62 @@ TEST(Payoff, CoExecutionResumesWhereOnlyItsRetimingLost) {
   Driver d;
   Payoff& p = d.p;
   EXPECT_FALSE(p.resume_coexec(0.0));  // no check yet
-  until_check(d, 1.0, 2.0);
+  until_check(d, 1.9, 2.0);
   ASSERT_FALSE(p.choice_eager());
   EXPECT_FALSE(p.resume_coexec(0.0));  // co-execution is the choice already
   p.retime_coexec_within(4);
-  d.run(4, 1.0, 2.0);
+  d.run(4, 1.9, 2.0);
   ASSERT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
-  ASSERT_DOUBLE_EQ(p.retimed_from_seconds(), 1.0);
-  // Timed the other way, co-execution takes 5 s: eager execution is chosen...
-  until_check(d, 5.0, 2.0);
+  ASSERT_DOUBLE_EQ(p.retimed_from_seconds(), 1.9);
+  // Timed the other way, co-execution takes 2.3 s (not clearly slower than 1.9): eager execution
+  // is chosen...
+  until_check(d, 2.3, 2.0);
   ASSERT_TRUE(p.choice_eager());
-  // ...and resumed: the way before took 1 s against eager's 2.
+  // ...and co-execution resumed: the way before took 1.9 s against eager's 2.
   EXPECT_TRUE(p.resume_coexec(0.0));
   EXPECT_FALSE(p.choice_eager());
   EXPECT_FALSE(p.eager());
-  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.0);
-  EXPECT_EQ(p.hold_left(), Payoff::hold_for(Payoff::kFirstHold, 1.0, 2.0));
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.9);
+  EXPECT_EQ(p.hold_left(), Payoff::hold_for(Payoff::kFirstHold, 1.9, 2.0));
   // The next check times eager execution against the hold's own co-executed samples only.
-  d.run(1, 1.0, 2.0);  // the first after the switch is not clean
-  until_check(d, 1.0, 2.0, 100000);
+  d.run(1, 1.9, 2.0);  // the first after the switch is not clean
+  until_check(d, 1.9, 2.0, 100000);
   EXPECT_FALSE(p.choice_eager());
-  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.0);
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.9);
   // Where the way before had lost to eager execution as well, eager execution stays.
   Driver e;
-  until_check(e, 1.0, 2.0);
+  until_check(e, 1.9, 2.0);
   e.p.retime_coexec_within(Payoff::kSamples + 1);
-  e.run(Payoff::kSamples + 1, 3.0, 2.0);  // the hold's latest samples: 3 s
-  ASSERT_DOUBLE_EQ(e.p.retimed_from_seconds(), 3.0);
-  until_check(e, 5.0, 2.0);
+  e.run(Payoff::kSamples + 1, 2.1, 2.0);  // the hold's latest samples: 2.1 s
+  ASSERT_DOUBLE_EQ(e.p.retimed_from_seconds(), 2.1);
+  until_check(e, 2.3, 2.0);
   ASSERT_TRUE(e.p.choice_eager());
   EXPECT_FALSE(e.p.resume_coexec(0.0));
   EXPECT_TRUE(e.p.choice_eager());
+}
+
+TEST(Payoff, ARetimingClearlySlowerThanTheHoldEndsEarly) {
+  Driver d;
+  Payoff& p = d.p;
+  until_check(d, 1.0, 2.2);
+  ASSERT_FALSE(p.choice_eager());
+  p.retime_coexec_within(Payoff::kSamples + 1);
+  d.run(Payoff::kSamples + 1, 1.0, 2.2);
+  ASSERT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  // 2 s: not clearly faster than eager execution's 2.2 s (a full timing before), but twice the
+  // hold's time: kQuick samples decide.
+  EXPECT_EQ(until_check(d, 2.0, 2.2), Payoff::kQuick);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 2.0);  // what the runtime compares with retimed_from_seconds
+  EXPECT_DOUBLE_EQ(p.retimed_from_seconds(), 1.0);
+  // Not clearly slower (1.1 s), nor clearly faster than eager execution (1.2 s): the full timing.
+  Driver e;
+  until_check(e, 1.0, 1.2);
+  ASSERT_FALSE(e.p.choice_eager());
+  e.p.retime_coexec_within(Payoff::kSamples + 1);
+  e.run(Payoff::kSamples + 1, 1.0, 1.2);
+  EXPECT_EQ(until_check(e, 1.1, 1.2), Payoff::kSamples);
+  EXPECT_FALSE(e.p.choice_eager());
 }
 
 TEST(Payoff, MarginFavoursCoExecution) {

@@ -69,7 +69,9 @@ class Payoff {
   }
   // Times co-execution again after at most `iterations` more of a co-execution hold (the
   // program's co-execution is to be timed another way); the check after it compares the new
-  // times with eager's last ones. Outside such a hold: nothing.
+  // times with eager's last ones, except that kQuick samples slower than the hold's by kClear end
+  // it at once, co-execution chosen at the new times (the runtime then goes back to the way
+  // before: PythonRunner::choose_workers). Outside such a hold: nothing.
   void retime_coexec_within(int64_t iterations) {
     if (phase_ != Phase::Hold || choice_eager_) return;
     hold_left_ = std::min(hold_left_, iterations);
@@ -122,6 +124,7 @@ class Payoff {
   bool choice_eager_ = false;
   bool measured_eager_ = false;
   bool retime_coexec_ = false;  // the hold ends in a co-execution timing (retime_coexec_within)
+  bool retiming_ = false;       // that timing is under way (until its check)
   double retimed_from_s_ = 0;
   int samples_ = 0, iterations_ = 0;  // in the current measuring phase
   int64_t hold_left_ = 0, hold_ = 0;
