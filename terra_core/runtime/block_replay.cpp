@@ -539,9 +539,10 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   RecordedKernel k;
   k.op = &op;
   k.keys = keys;
-  if (const auto e = ElementwiseReplay::covered(op);
+  bool in_place = false;
+  if (const auto e = ElementwiseReplay::covered(op, &in_place);
       e != ElementwiseReplay::Op::None && keys.highestPriorityTypeId() == c10::DispatchKey::CPU)
-    k.elementwise = std::make_shared<ElementwiseReplay>(e);
+    k.elementwise = std::make_shared<ElementwiseReplay>(e, in_place);
   for (size_t i = stack.size() - n; i < stack.size(); ++i) k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless

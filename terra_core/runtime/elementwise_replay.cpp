@@ -18,7 +18,7 @@
 
 namespace terra::runtime {
 
-ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op) {
+ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op, bool* in_place) {
 #ifndef TERRA_ELEMENTWISE_STUBS
   return Op::None;
 #endif
@@ -29,10 +29,14 @@ ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op) 
   if (off) return Op::None;
   const c10::OperatorName& name = op.operator_name();
   if (name.overload_name != "Tensor") return Op::None;
-  if (name.name == "aten::add") return Op::Add;
-  if (name.name == "aten::sub") return Op::Sub;
-  if (name.name == "aten::mul") return Op::Mul;
-  if (name.name == "aten::div") return Op::Div;
+  std::string base = name.name;
+  const bool writes = !base.empty() && base.back() == '_';
+  if (writes) base.pop_back();
+  if (in_place) *in_place = writes;
+  if (base == "aten::add") return Op::Add;
+  if (base == "aten::sub") return Op::Sub;
+  if (base == "aten::mul") return Op::Mul;
+  if (base == "aten::div") return Op::Div;
   return Op::None;
 }
 
@@ -59,7 +63,9 @@ void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
     return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
   };
   const at::Tensor sa = stand_in(a), sb = stand_in(b);
-  at::TensorBase out;  // undefined: the iterator allocates it as the structured kernel does
+  // Undefined: the iterator allocates it as the structured kernel does; in place: the first
+  // argument, as the in-place kernel's meta function passes it.
+  at::TensorBase out = in_place_ ? at::TensorBase(sa) : at::TensorBase();
   auto iter = std::make_unique<at::TensorIterator>(op_ == Op::Div ? at::TensorIterator::binary_float_op(out, sa, sb)
                                                                   : at::TensorIterator::binary_op(out, sa, sb));
   const at::TensorBase& o = iter->output_base(0);
@@ -68,7 +74,7 @@ void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
   in_[0] = {a.sizes().vec(), a.strides().vec()};
   in_[1] = {b.sizes().vec(), b.strides().vec()};
   dtype_ = a.scalar_type();
-  point(o, nullptr);  // its memory goes back now: each run points it at that run's result
+  if (!in_place_) point(o, nullptr);  // its memory goes back now: each run points it at that run's result
   iter_ = std::move(iter);
 }
 
@@ -112,7 +118,11 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
     }
   }
   if (a.scalar_type() != dtype_ || !in_[0].matches(a) || !in_[1].matches(b)) return false;
-  at::Tensor result = at::detail::empty_strided_cpu(out_.sizes, out_.strides, dtype_);
+  // In place, an argument overlapping the written one other than exactly is the dispatcher's
+  // error (or its copy of the argument, where it makes one).
+  if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && in_[0].matches(b)))
+    return false;
+  at::Tensor result = in_place_ ? a : at::Tensor(at::detail::empty_strided_cpu(out_.sizes, out_.strides, dtype_));
   void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
   for (int i = 0; i < 3; ++i) {
     point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);

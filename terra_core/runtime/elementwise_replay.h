@@ -9,7 +9,8 @@
 // later replays only point its operands at the new data and call the operator's stub (the
 // function the operator's own implementation calls with that iterator).
 //
-// Covered: the functional `add.Tensor`, `sub.Tensor`, `mul.Tensor` and `div.Tensor` on CPU where
+// Covered: `add.Tensor`, `sub.Tensor`, `mul.Tensor` and `div.Tensor` and their in-place forms
+// (`add_.Tensor`...: an optimizer's updates of its buffers and parameters) on CPU where
 // every tensor has one dtype (float, double, int, long): no type promotion, so the iterator holds no
 // converted copy of an input, and none of the stubs' special cases for reduced-precision
 // scalars (which read an input's value while the iterator is built, or remove an operand). Any
@@ -19,7 +20,7 @@
 // inputs through non-owning storage, and the output it allocated gives its memory back at once;
 // each replay re-points them (the stand-ins' storage too, so anything reading an operand's tensor
 // reads the current data). Its result is a fresh tensor of the output's geometry, as the structured
-// kernel allocates it. GraphRunner thread only.
+// kernel allocates it, or, in place, the first argument. GraphRunner thread only.
 #pragma once
 
 #include <ATen/TensorIterator.h>
@@ -34,9 +35,9 @@ namespace terra::runtime {
 class ElementwiseReplay {
  public:
   enum class Op : uint8_t { None, Add, Sub, Mul, Div };
-  // The covered operator `op` is (None: not covered).
-  static Op covered(const c10::OperatorHandle& op);
-  explicit ElementwiseReplay(Op op) : op_(op) {}
+  // The covered operator `op` is (None: not covered); `in_place`: its in-place form (`add_`...).
+  static Op covered(const c10::OperatorHandle& op, bool* in_place = nullptr);
+  explicit ElementwiseReplay(Op op, bool in_place = false) : op_(op), in_place_(in_place) {}
   // Runs the kernel on `stack` (its arguments in, its result out, as a boxed call leaves it).
   // False, with `stack` untouched: these arguments are not covered (run the kernel as usual).
   bool run(torch::jit::Stack& stack);
@@ -53,6 +54,7 @@ class ElementwiseReplay {
   static void point(const at::TensorBase& stand_in, void* data);
 
   Op op_;
+  bool in_place_;          // writes its first argument (the iterator's output is that argument)
   bool given_up_ = false;  // the iterator changed under a stub, or could not be built
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;
   Geometry in_[2], out_;

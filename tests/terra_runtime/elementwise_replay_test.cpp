@@ -45,10 +45,15 @@ torch::jit::Stack args(const char* name, const at::Tensor& a, const at::Tensor& 
   return s;
 }
 
-TEST(ElementwiseReplay, CoversTheFunctionalArithmeticOperatorsOnly) {
+TEST(ElementwiseReplay, CoversTheArithmeticOperatorsAndTheirInPlaceForms) {
   EXPECT_EQ(ElementwiseReplay::Op::Add, ElementwiseReplay::covered(handle("aten::add", "Tensor")));
   EXPECT_EQ(ElementwiseReplay::Op::Div, ElementwiseReplay::covered(handle("aten::div", "Tensor")));
-  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::add_", "Tensor")));
+  bool in_place = true;
+  EXPECT_EQ(ElementwiseReplay::Op::Add, ElementwiseReplay::covered(handle("aten::add", "Tensor"), &in_place));
+  EXPECT_FALSE(in_place);
+  EXPECT_EQ(ElementwiseReplay::Op::Mul, ElementwiseReplay::covered(handle("aten::mul_", "Tensor"), &in_place));
+  EXPECT_TRUE(in_place);
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::add_", "Scalar")));
   EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::div", "Tensor_mode")));
   EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::mm", "")));
 }
@@ -84,6 +89,45 @@ TEST(ElementwiseReplay, RepeatedRunsGiveTheDispatchersBits) {
       EXPECT_EQ(4u, replay.runs()) << name;
     }
   }
+}
+
+// In place: the first argument is written and returned, as the in-place kernel does, on every run.
+TEST(ElementwiseReplay, InPlaceRunsWriteTheirFirstArgumentAsTheDispatcherDoes) {
+  for (const char* name : {"aten::add_", "aten::sub_", "aten::mul_", "aten::div_"}) {
+    const auto& op = handle(name, "Tensor");
+    bool in_place = false;
+    const ElementwiseReplay::Op kind = ElementwiseReplay::covered(op, &in_place);
+    ASSERT_TRUE(in_place) << name;
+    ElementwiseReplay replay(kind, in_place);
+    at::manual_seed(11);
+    for (int run = 0; run < 3; ++run) {
+      const at::Tensor self = at::randn({24, 16}).t();  // written through a transposed view
+      const at::Tensor other = at::randn({24, 1}).t();  // broadcast
+      const at::Tensor expected = self.clone();
+      const std::string base = std::string(name).substr(0, std::string(name).size() - 1);
+      torch::jit::Stack stack = args(base.c_str(), self, other, 0.25 * run + 0.5);
+      ASSERT_TRUE(replay.run(stack)) << name << " run " << run;
+      ASSERT_EQ(1u, stack.size());
+      EXPECT_TRUE(stack[0].toTensor().is_same(self)) << "returns its first argument";
+      dispatched(op, args(base.c_str(), expected, other, 0.25 * run + 0.5));
+      expect_same(self, expected);
+    }
+    EXPECT_EQ(3u, replay.runs());
+  }
+  // x.add_(x) is exact overlap (allowed), x.add_(shifted view of x) partial (refused).
+  const auto& add_ = handle("aten::add_", "Tensor");
+  bool in_place = false;
+  const ElementwiseReplay::Op kind = ElementwiseReplay::covered(add_, &in_place);
+  ElementwiseReplay replay(kind, in_place);
+  at::Tensor x = at::randn({8, 8});
+  const at::Tensor doubled = x * 2;
+  torch::jit::Stack exact{x, x, c10::Scalar(1.0)};
+  ASSERT_TRUE(replay.run(exact));
+  expect_same(x, doubled);
+  at::Tensor buffer = at::randn({72});
+  torch::jit::Stack partial{buffer.slice(0, 0, 64).view({8, 8}), buffer.slice(0, 8, 72).view({8, 8}), c10::Scalar(1.0)};
+  EXPECT_FALSE(replay.run(partial));
+  EXPECT_EQ(3u, partial.size()) << "stack untouched";
 }
 
 TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
