@@ -46,7 +46,12 @@ bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const
         t->is_neg() || !t->has_storage() || t->is_quantized())
       return false;
   }
-  if (a.scalar_type() != b.scalar_type()) return false;  // no promotion: no converted copies
+  // No promotion (the iterator would hold converted copies), except of a Python number: a wrapped
+  // 0-dim double or long, whose converted copy each run writes again (write_converted).
+  if (a.scalar_type() != b.scalar_type() &&
+      !(b.unsafeGetTensorImpl()->is_wrapped_number() && b.dim() == 0 &&
+        (b.scalar_type() == c10::ScalarType::Double || b.scalar_type() == c10::ScalarType::Long)))
+    return false;
   switch (a.scalar_type()) {
     case c10::ScalarType::Float:
     case c10::ScalarType::Double:
@@ -70,12 +75,37 @@ void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
                                                                   : at::TensorIterator::binary_op(out, sa, sb));
   const at::TensorBase& o = iter->output_base(0);
   if (iter->ntensors() != 3 || o.scalar_type() != a.scalar_type() || o.storage_offset() != 0) return;
+  if (!iter->input_base(0).is_same(sa)) return;  // the first input converted: not covered
+  const at::TensorBase& converted = iter->input_base(1);
+  if (b.scalar_type() != a.scalar_type()) {
+    if (converted.is_same(sb) || converted.scalar_type() != a.scalar_type() || converted.dim() != 0) return;
+    number_from_ = b.scalar_type();
+  }
   out_ = {o.sizes().vec(), o.strides().vec()};
   in_[0] = {a.sizes().vec(), a.strides().vec()};
   in_[1] = {b.sizes().vec(), b.strides().vec()};
   dtype_ = a.scalar_type();
   if (!in_place_) point(o, nullptr);  // its memory goes back now: each run points it at that run's result
   iter_ = std::move(iter);
+}
+
+void ElementwiseReplay::write_converted(const at::Tensor& number, const at::TensorBase& to) {
+  // As the iterator's `to(common dtype)` converts it (c10::convert: a static_cast).
+  const auto put = [&](auto v) {
+    void* d = to.data_ptr();
+    switch (to.scalar_type()) {
+      case c10::ScalarType::Float: *static_cast<float*>(d) = static_cast<float>(v); break;
+      case c10::ScalarType::Double: *static_cast<double*>(d) = static_cast<double>(v); break;
+      case c10::ScalarType::Int: *static_cast<int32_t*>(d) = static_cast<int32_t>(v); break;
+      case c10::ScalarType::Long: *static_cast<int64_t*>(d) = static_cast<int64_t>(v); break;
+      default: TORCH_INTERNAL_ASSERT(false, "ElementwiseReplay: unexpected dtype");
+    }
+  };
+  if (number.scalar_type() == c10::ScalarType::Double) {
+    put(*static_cast<const double*>(number.const_data_ptr()));
+  } else {
+    put(*static_cast<const int64_t*>(number.const_data_ptr()));
+  }
 }
 
 void ElementwiseReplay::point(const at::TensorBase& stand_in, void* data) {
@@ -118,16 +148,21 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
     }
   }
   if (a.scalar_type() != dtype_ || !in_[0].matches(a) || !in_[1].matches(b)) return false;
+  const bool number = number_from_ != c10::ScalarType::Undefined;
+  if (number ? b.scalar_type() != number_from_ || !b.unsafeGetTensorImpl()->is_wrapped_number()
+             : b.scalar_type() != dtype_)
+    return false;
   // In place, an argument overlapping the written one other than exactly is the dispatcher's
   // error (or its copy of the argument, where it makes one).
   if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && in_[0].matches(b)))
     return false;
   at::Tensor result = in_place_ ? a : at::Tensor(at::detail::empty_strided_cpu(out_.sizes, out_.strides, dtype_));
   void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < (number ? 2 : 3); ++i) {
     point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);
     iter_->unsafe_replace_operand(i, data[i]);
   }
+  if (number) write_converted(b, iter_->input_base(1));  // the iterator's own copy, in place
   call_stub(nargs == 3 ? stack[2].toScalar() : c10::Scalar(1));
   if (iter_->ntensors() != 3) {  // a stub folded an operand into a constant: the result stands
     iter_.reset();

@@ -11,8 +11,10 @@
 //
 // Covered: `add.Tensor`, `sub.Tensor`, `mul.Tensor` and `div.Tensor` and their in-place forms
 // (`add_.Tensor`...: an optimizer's updates of its buffers and parameters) on CPU where
-// every tensor has one dtype (float, double, int, long): no type promotion, so the iterator holds no
-// converted copy of an input, and none of the stubs' special cases for reduced-precision
+// every tensor has one dtype (float, double, int, long) or the second argument is a Python number
+// (a wrapped 0-dim double or long, whose converted copy inside the iterator each run writes
+// again): no other type promotion, so the iterator holds no other converted copy of an input,
+// and none of the stubs' special cases for reduced-precision
 // scalars (which read an input's value while the iterator is built, or remove an operand). Any
 // other call, or inputs whose geometry differs from the iterator's, take the dispatcher as before.
 //
@@ -52,11 +54,15 @@ class ElementwiseReplay {
   void build(const at::Tensor& a, const at::Tensor& b);
   void call_stub(const c10::Scalar& alpha);
   static void point(const at::TensorBase& stand_in, void* data);
+  static void write_converted(const at::Tensor& number, const at::TensorBase& to);
 
   Op op_;
   bool in_place_;          // writes its first argument (the iterator's output is that argument)
   bool given_up_ = false;  // the iterator changed under a stub, or could not be built
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  // The second argument is a Python number (a wrapped 0-dim tensor) of this dtype, which the
+  // iterator converts to dtype_ into a copy of its own; Undefined: an ordinary tensor of dtype_.
+  c10::ScalarType number_from_ = c10::ScalarType::Undefined;
   Geometry in_[2], out_;
   std::unique_ptr<at::TensorIterator> iter_;
   uint64_t runs_ = 0;

@@ -130,6 +130,42 @@ TEST(ElementwiseReplay, InPlaceRunsWriteTheirFirstArgumentAsTheDispatcherDoes) {
   EXPECT_EQ(3u, partial.size()) << "stack untouched";
 }
 
+at::Tensor python_number(double v, at::ScalarType dtype) {
+  at::Tensor t = at::scalar_tensor(v, dtype);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);  // what the binding makes of a Python number
+  return t;
+}
+
+// A Python number (a wrapped 0-dim double or long) that changes from run to run: the iterator's
+// converted copy of it is rewritten each run, bits as the dispatcher's.
+TEST(ElementwiseReplay, PythonNumbersAreReadAgainEachRun) {
+  struct Case { const char* name; at::ScalarType tensor, number; };
+  for (const Case& c : {Case{"aten::mul", at::kFloat, at::kDouble}, Case{"aten::div", at::kFloat, at::kDouble},
+                        Case{"aten::add", at::kDouble, at::kDouble}, Case{"aten::sub", at::kInt, at::kLong},
+                        Case{"aten::mul_", at::kFloat, at::kDouble}, Case{"aten::add_", at::kLong, at::kLong}}) {
+    const auto& op = handle(c.name, "Tensor");
+    bool in_place = false;
+    const ElementwiseReplay::Op kind = ElementwiseReplay::covered(op, &in_place);
+    ElementwiseReplay replay(kind, in_place);
+    const std::string functional = in_place ? std::string(c.name).substr(0, std::strlen(c.name) - 1) : c.name;
+    for (int run = 0; run < 4; ++run) {
+      const double v = c.number == at::kLong ? run * 3 - 4 : 0.1 * run + 1.0 / 3;
+      const at::Tensor a = at::randn({5, 7}, at::kDouble).mul(9).to(c.tensor);
+      const at::Tensor expected = a.clone();
+      torch::jit::Stack stack = args(functional.c_str(), a, python_number(v, c.number), 1.0);
+      ASSERT_TRUE(replay.run(stack)) << c.name << " run " << run;
+      torch::jit::Stack reference = args(functional.c_str(), in_place ? expected : a, python_number(v, c.number), 1.0);
+      const at::Tensor want = dispatched(op, reference);
+      expect_same(stack[0].toTensor(), want);
+    }
+    EXPECT_EQ(4u, replay.runs()) << c.name;
+  }
+  // A float number with integer tensors makes a float result (the tensor converted too): refused.
+  ElementwiseReplay mul(ElementwiseReplay::covered(handle("aten::mul", "Tensor")));
+  torch::jit::Stack promotes{at::ones({3}, at::kLong), python_number(0.5, at::kDouble)};
+  EXPECT_FALSE(mul.run(promotes));
+}
+
 TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
   const auto& op = handle("aten::mul", "Tensor");
   ElementwiseReplay replay(ElementwiseReplay::covered(op));
@@ -137,9 +173,9 @@ TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
   EXPECT_FALSE(replay.run(mixed));
   torch::jit::Stack half{at::ones({4}, at::kBFloat16), at::ones({4}, at::kBFloat16)};
   EXPECT_FALSE(replay.run(half));
-  // A Python number arrives as a wrapped 0-dim double: with float tensors that promotes.
-  torch::jit::Stack wrapped{at::ones({4}), at::scalar_tensor(2.0, at::kDouble)};
-  EXPECT_FALSE(replay.run(wrapped));
+  // A 0-dim double tensor that is not a Python number promotes as a tensor: refused.
+  torch::jit::Stack zero_dim{at::ones({4}), at::scalar_tensor(2.0, at::kDouble)};
+  EXPECT_FALSE(replay.run(zero_dim));
   EXPECT_EQ(0u, replay.runs());
   // alpha as the meta function checks it: a float alpha for integer tensors is the dispatcher's error.
   ElementwiseReplay add(ElementwiseReplay::covered(handle("aten::add", "Tensor")));
