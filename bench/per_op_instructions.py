@@ -5,7 +5,9 @@ a change of 10% in what the program thread does per op is invisible in bench/per
 without dozens of rounds. Instruction counts do not swing: they say how much work a path does (not
 how long its cache misses take, which bench/per_op.py and bench/forced_coexec.py still measure).
 
-The program is per_op.py's chain of `z = z + y` on 1x1 tensors, K ops per iteration. Each op enters
+The program is per_op.py's chain of `z = z + y` on 1x1 tensors, K ops per iteration. The
+GraphRunner's instructions inside GraphRunner::execute (the replayed kernel included, its idle
+spinning not) are counted in the same run, one output file per thread. Each op enters
 the interpreter's PyNumber_Add, and only instructions inside that call are counted
 (`--toggle-collect`; counting the whole thread instead varied by 15% between runs: exits, cycles).
 Eagerly the call is the whole op (argument parsing, dispatcher, the kernel); co-executed it is what
@@ -83,35 +85,53 @@ def child(mode, iterations):
     assert st["iterations_coexecuted"] >= (WARM + iterations) * 0.9, st
 
 
+def annotate(path):
+    """(total Ir, {function: inclusive Ir}) of one callgrind output file; total None if it collected nothing."""
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", str(path)],
+                          check=True, capture_output=True, text=True).stdout
+    m = re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text)
+    functions = {}
+    for line in text.splitlines():
+        f = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
+        if f and "PROGRAM TOTALS" not in line:
+            functions[f.group(2)] = functions.get(f.group(2), 0) + int(f.group(1).replace(",", ""))
+    return (int(m.group(1).replace(",", "")) if m else None), functions
+
+
 def counted(mode, iterations, pythonpath, outdir):
-    """Runs the child under callgrind; returns (total Ir inside PyNumber_Add, {function: inclusive Ir})."""
+    """Runs the child under callgrind, one output per thread; returns the program thread's
+    (total Ir inside PyNumber_Add, {function: inclusive Ir}) and the GraphRunner's total Ir inside
+    GraphRunner::execute (None eagerly)."""
     out = Path(outdir) / f"cg.{mode}.{iterations}.{abs(hash(pythonpath or ''))}"
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                    "--toggle-collect=PyNumber_Add", sys.executable, __file__, "--child", mode, str(iterations)],
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--separate-threads=yes",
+                    "--toggle-collect=PyNumber_Add", "--toggle-collect=terra::runtime::GraphRunner::execute*",
+                    sys.executable, __file__, "--child", mode, str(iterations)],
                    env=env, check=True, capture_output=True, text=True)
-    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", str(out)],
-                          check=True, capture_output=True, text=True).stdout
-    total = int(re.search(r"([\d,]+) \(100\.0%\)\s+PROGRAM TOTALS", text).group(1).replace(",", ""))
-    functions = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
-        if m and "PROGRAM TOTALS" not in line:
-            functions[m.group(2)] = functions.get(m.group(2), 0) + int(m.group(1).replace(",", ""))
-    return total, functions
+    program, runner = (None, {}), None
+    for path in sorted(Path(outdir).glob(out.name + "-*")):
+        total, functions = annotate(path)
+        if total is None:
+            continue
+        if any("PyNumber_Add" in k for k in functions):
+            program = (total, functions)
+        elif any("GraphRunner::execute" in k for k in functions):
+            runner = total
+    return program, runner
 
 
 def instructions_per_op(mode, pythonpath, outdir):
-    (t1, f1), (t2, f2) = (counted(mode, n, pythonpath, outdir) for n in (N1, N2))
+    ((t1, f1), r1), ((t2, f2), r2) = (counted(mode, n, pythonpath, outdir) for n in (N1, N2))
     ops = (N2 - N1) * K
     parts = {}
     for label, needle in PARTS:
         a = sum(v for k, v in f1.items() if needle in k)
         b = sum(v for k, v in f2.items() if needle in k)
         parts[label] = (b - a) / ops
-    return {"total": (t2 - t1) / ops, "parts": parts}
+    runner = (r2 - r1) / ops if r1 is not None and r2 is not None else None
+    return {"total": (t2 - t1) / ops, "parts": parts, "graph_runner": runner}
 
 
 def main():
@@ -149,7 +169,10 @@ def main():
              "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols),
              f"| eager op (whole) | {eager:.0f} |" + " |" * (len(cols) - 1),
              "| co-executed op, program thread | " + " | ".join(f"{results[c]['total']:.0f}" for c in cols) + " |",
-             "| as a share of the eager op | " + " | ".join(f"{results[c]['total'] / eager:.2f}" for c in cols) + " |"]
+             "| as a share of the eager op | " + " | ".join(f"{results[c]['total'] / eager:.2f}" for c in cols) + " |",
+             "| GraphRunner per op (GraphRunner::execute: replay and kernel) | "
+             + " | ".join(f"{results[c]['graph_runner']:.0f}" if results[c].get("graph_runner") is not None else "-"
+                          for c in cols) + " |"]
     for label, _ in PARTS:
         lines.append(f"| {label} | " + " | ".join(f"{max(0.0, results[c]['parts'][label]):.0f}" for c in cols) + " |")
     (res / "per_op_instructions.md").write_text("\n".join(lines) + "\n")
