@@ -81,10 +81,6 @@ void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
     if (converted.is_same(sb) || converted.scalar_type() != a.scalar_type() || converted.dim() != 0) return;
     number_from_ = b.scalar_type();
   }
-  out_ = {o.sizes().vec(), o.strides().vec()};
-  in_[0] = {a.sizes().vec(), a.strides().vec()};
-  in_[1] = {b.sizes().vec(), b.strides().vec()};
-  dtype_ = a.scalar_type();
   if (!in_place_) point(o, nullptr);  // its memory goes back now: each run points it at that run's result
   iter_ = std::move(iter);
 }
@@ -133,9 +129,10 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
   const at::Tensor& a = stack[0].toTensor();
   const at::Tensor& b = stack[1].toTensor();
   if (!eligible(a, b)) return false;
+  c10::Scalar alpha(1);
   if (nargs == 3) {  // what the meta function's alpha_check refuses, the dispatcher refuses
     if (!stack[2].isScalar()) return false;
-    const c10::Scalar alpha = stack[2].toScalar();
+    alpha = stack[2].toScalar();
     if (alpha.isComplex() || alpha.isBoolean() ||
         (alpha.isFloatingPoint() && c10::isIntegralType(a.scalar_type(), /*includeBool=*/true)))
       return false;
@@ -147,23 +144,32 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
       return false;
     }
   }
-  if (a.scalar_type() != dtype_ || !in_[0].matches(a) || !in_[1].matches(b)) return false;
+  // The iterator's operands keep the geometry and dtype it was built for (its stand-ins; for a
+  // Python number, its converted copy).
+  const at::TensorBase& a_was = iter_->input_base(0);
+  const at::TensorBase& b_was = iter_->input_base(1);
+  const auto same_geometry = [](const at::TensorBase& t, const at::TensorBase& was) {
+    return t.sizes() == was.sizes() && t.strides() == was.strides();
+  };
+  const c10::ScalarType dtype = a_was.scalar_type();
+  if (a.scalar_type() != dtype || !same_geometry(a, a_was) || !same_geometry(b, b_was)) return false;
   const bool number = number_from_ != c10::ScalarType::Undefined;
   if (number ? b.scalar_type() != number_from_ || !b.unsafeGetTensorImpl()->is_wrapped_number()
-             : b.scalar_type() != dtype_)
+             : b.scalar_type() != dtype)
     return false;
   // In place, an argument overlapping the written one other than exactly is the dispatcher's
   // error (or its copy of the argument, where it makes one).
-  if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && in_[0].matches(b)))
+  if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && same_geometry(b, a)))
     return false;
-  at::Tensor result = in_place_ ? a : at::Tensor(at::detail::empty_strided_cpu(out_.sizes, out_.strides, dtype_));
+  const at::TensorBase& out_was = iter_->output_base(0);
+  at::Tensor result = in_place_ ? a : at::Tensor(at::detail::empty_strided_cpu(out_was.sizes(), out_was.strides(), dtype));
   void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
   for (int i = 0; i < (number ? 2 : 3); ++i) {
     point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);
     iter_->unsafe_replace_operand(i, data[i]);
   }
   if (number) write_converted(b, iter_->input_base(1));  // the iterator's own copy, in place
-  call_stub(nargs == 3 ? stack[2].toScalar() : c10::Scalar(1));
+  call_stub(alpha);
   if (iter_->ntensors() != 3) {  // a stub folded an operand into a constant: the result stands
     iter_.reset();
     given_up_ = true;

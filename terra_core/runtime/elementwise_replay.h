@@ -30,7 +30,6 @@
 #include <ATen/core/stack.h>
 
 #include <memory>
-#include <vector>
 
 namespace terra::runtime {
 
@@ -46,10 +45,6 @@ class ElementwiseReplay {
   uint64_t runs() const { return runs_; }  // calls that ran through the kept iterator
 
  private:
-  struct Geometry {
-    std::vector<int64_t> sizes, strides;
-    bool matches(const at::Tensor& t) const { return t.sizes() == sizes && t.strides() == strides; }
-  };
   bool eligible(const at::Tensor& a, const at::Tensor& b) const;
   void build(const at::Tensor& a, const at::Tensor& b);
   void call_stub(const c10::Scalar& alpha);
@@ -59,11 +54,9 @@ class ElementwiseReplay {
   Op op_;
   bool in_place_;          // writes its first argument (the iterator's output is that argument)
   bool given_up_ = false;  // the iterator changed under a stub, or could not be built
-  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
   // The second argument is a Python number (a wrapped 0-dim tensor) of this dtype, which the
-  // iterator converts to dtype_ into a copy of its own; Undefined: an ordinary tensor of dtype_.
+  // iterator converts to the first's into a copy of its own; Undefined: a tensor of the first's.
   c10::ScalarType number_from_ = c10::ScalarType::Undefined;
-  Geometry in_[2], out_;
   std::unique_ptr<at::TensorIterator> iter_;
   uint64_t runs_ = 0;
 };

@@ -8,19 +8,13 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <string>
 
 namespace terra::runtime {
 namespace {
 
-const c10::OperatorHandle& handle(const char* name, const char* overload) {
-  static std::map<std::string, c10::OperatorHandle> ops;
-  const std::string key = std::string(name) + "." + overload;
-  auto it = ops.find(key);
-  if (it == ops.end())
-    it = ops.emplace(key, c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)).first;
-  return it->second;
+c10::OperatorHandle handle(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
 }
 
 // The operator's result through the dispatcher (what replay ran before).
