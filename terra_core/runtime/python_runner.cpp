@@ -521,16 +521,6 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
 void PythonRunner::choose_workers() {
   Graph& g = *graph_;
   using Trial = Graph::WorkersTrial;
-  if (g.workers_trial == Trial::Timing && g.payoff.choice_eager() &&
-      g.payoff.resume_coexec(policy_.payoff_margin, policy_.payoff_check_budget)) {
-    // The other way lost to eager execution, the way before it had won: back to that way,
-    // co-executing. Deciding for eager execution here held it for the rest of short programs:
-    // corpus p01 (81 steps) ran 44 of them eagerly at 210-230 us in 1 of 6 runs, its
-    // co-executed steps taking 105-130 (the asleep trial's first steps 3,120 and 500).
-    g.workers_asleep = !g.workers_asleep;
-    g.workers_trial = Trial::Done;
-    return;
-  }
   if (g.payoff.choice_eager()) {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep).

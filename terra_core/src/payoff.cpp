@@ -68,7 +68,13 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   measured_eager_ = measured_eager_ || phase_ == Phase::MeasureEager;
   const Totals t = totals(false);
   // No loop was timed both ways: keep co-executing (it is what the program asked for).
-  decide(t.weight > 0 && t.coexec > t.eager * (1.0 + margin), t, check_budget);
+  const double limit = t.eager * (1.0 + margin);
+  // Co-execution timed another way that loses where the way before had won stays chosen, at the
+  // new times: the runtime goes back to the way before (PythonRunner::choose_workers). Choosing
+  // eager execution here held it for the rest of short programs (corpus p01, 81 steps: 44 of
+  // them eager at 210-230 us in 4 of 8 runs, its co-executed steps taking 105-130).
+  const bool way_before_won = retiming_ && retimed_from_s_ > 0 && retimed_from_s_ * static_cast<double>(t.weight) <= limit;
+  decide(t.weight > 0 && t.coexec > limit && !way_before_won, t, check_budget);
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {
@@ -117,19 +123,6 @@ int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) 
   const double needed = std::ceil(check / (budget * fast));
   return needed >= static_cast<double>(kMaxHold) ? kMaxHold
                                                  : std::max(base, static_cast<int64_t>(needed));
-}
-
-bool Payoff::resume_coexec(double margin, double check_budget) {
-  if (phase_ != Phase::Hold || !choice_eager_ || !(retimed_from_s_ > 0) ||
-      !(retimed_from_s_ <= eager_s_ * (1.0 + margin)))
-    return false;
-  coexec_s_ = retimed_from_s_;
-  hold_ = hold_for(kFirstHold, coexec_s_, eager_s_, check_budget);
-  hold_left_ = hold_;
-  choice_eager_ = false;
-  // The other way's samples must not decide the next check: the hold refills the windows.
-  for (auto& [id, l] : loops_) l.coexec = Window{};
-  return true;
 }
 
 void Payoff::decide(bool eager, const Totals& t, double check_budget) {

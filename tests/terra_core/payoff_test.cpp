@@ -161,41 +161,34 @@ TEST(Payoff, CoExecutionIsRetimedWithinAHoldWhenAsked) {
   EXPECT_EQ(e.p.hold_left(), left);
 }
 
-TEST(Payoff, CoExecutionResumesWhereOnlyItsRetimingLost) {
+TEST(Payoff, ARetimingThatLosesWhereTheWayBeforeWonKeepsCoExecution) {
   Driver d;
   Payoff& p = d.p;
-  EXPECT_FALSE(p.resume_coexec(0.0));  // no check yet
   until_check(d, 1.9, 2.0);
   ASSERT_FALSE(p.choice_eager());
-  EXPECT_FALSE(p.resume_coexec(0.0));  // co-execution is the choice already
   p.retime_coexec_within(4);
   d.run(4, 1.9, 2.0);
   ASSERT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
   ASSERT_DOUBLE_EQ(p.retimed_from_seconds(), 1.9);
-  // Timed the other way, co-execution takes 2.3 s (not clearly slower than 1.9): eager execution
-  // is chosen...
-  until_check(d, 2.3, 2.0);
-  ASSERT_TRUE(p.choice_eager());
-  // ...and co-execution resumed: the way before took 1.9 s against eager's 2.
-  EXPECT_TRUE(p.resume_coexec(0.0));
+  // Timed the other way, co-execution takes 2.3 s (not clearly slower than 1.9, a full timing):
+  // it loses to eager's 2 s, the way before had won: co-execution stays chosen, at the new times
+  // (which the runtime compares with retimed_from_seconds to go back to the way before).
+  EXPECT_EQ(until_check(d, 2.3, 2.0), Payoff::kSamples);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_FALSE(p.eager());
-  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.9);
-  EXPECT_EQ(p.hold_left(), Payoff::hold_for(Payoff::kFirstHold, 1.9, 2.0));
-  // The next check times eager execution against the hold's own co-executed samples only.
-  d.run(1, 1.9, 2.0);  // the first after the switch is not clean
+  EXPECT_DOUBLE_EQ(p.coexec_seconds(), 2.3);
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 2.0);
+  // The next check times eager execution against the hold's own co-executed samples.
   until_check(d, 1.9, 2.0, 100000);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_DOUBLE_EQ(p.coexec_seconds(), 1.9);
-  // Where the way before had lost to eager execution as well, eager execution stays.
+  // Where the way before had lost to eager execution as well, eager execution is chosen.
   Driver e;
   until_check(e, 1.9, 2.0);
   e.p.retime_coexec_within(Payoff::kSamples + 1);
   e.run(Payoff::kSamples + 1, 2.1, 2.0);  // the hold's latest samples: 2.1 s
   ASSERT_DOUBLE_EQ(e.p.retimed_from_seconds(), 2.1);
   until_check(e, 2.3, 2.0);
-  ASSERT_TRUE(e.p.choice_eager());
-  EXPECT_FALSE(e.p.resume_coexec(0.0));
   EXPECT_TRUE(e.p.choice_eager());
 }
 

@@ -69,9 +69,10 @@ class Payoff {
   }
   // Times co-execution again after at most `iterations` more of a co-execution hold (the
   // program's co-execution is to be timed another way); the check after it compares the new
-  // times with eager's last ones, except that kQuick samples slower than the hold's by kClear end
-  // it at once, co-execution chosen at the new times (the runtime then goes back to the way
-  // before: PythonRunner::choose_workers). Outside such a hold: nothing.
+  // times with eager's last ones. Co-execution stays chosen, at the new times, where they lose
+  // to eager's while the hold's had won, and as soon as kQuick samples are slower than the hold's
+  // by kClear (the runtime then goes back to the way before: PythonRunner::choose_workers).
+  // Outside such a hold: nothing.
   void retime_coexec_within(int64_t iterations) {
     if (phase_ != Phase::Hold || choice_eager_) return;
     hold_left_ = std::min(hold_left_, iterations);
@@ -80,11 +81,6 @@ class Payoff {
   // Co-execution's time per iteration (weighted over loops) from the hold's latest samples, taken
   // as that timing began: what the new way's times are to be compared with. 0 before one.
   double retimed_from_seconds() const { return retimed_from_s_; }
-  // After a check chose eager execution because co-execution timed another way lost, while the
-  // way before it (at retimed_from_seconds) was within `margin` of eager's time: co-execution
-  // goes on the way before, held as a first choice at those times. False (nothing changes): no
-  // such check.
-  bool resume_coexec(double margin, double check_budget = kCheckBudget);
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
