@@ -72,7 +72,8 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   // Co-execution timed another way that loses where the way before had won stays chosen, at the
   // new times: the runtime goes back to the way before (PythonRunner::choose_workers). Choosing
   // eager execution here held it for the rest of short programs (corpus p01, 81 steps: 44 of
-  // them eager at 210-230 us in 4 of 8 runs, its co-executed steps taking 105-130).
+  // them eager at 210-230 us in 4 of 8 runs, its co-executed steps taking 105-130; a fresh
+  // process's eager steps 232-243).
   const bool way_before_won = retiming_ && retimed_from_s_ > 0 && retimed_from_s_ * static_cast<double>(t.weight) <= limit;
   decide(t.weight > 0 && t.coexec > limit && !way_before_won, t, check_budget);
 }
