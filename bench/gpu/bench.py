@@ -86,7 +86,23 @@ def rnn_python():
     return model, step, False
 
 
-PROGRAMS = {"mlp": mlp, "tiny_lm": tiny_lm, "rnn_python": rnn_python}
+def chain():
+    """Launch-bound elementwise work with no autograd: 100 ops on a 64x64 tensor per step."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 64, device=DEV)
+    holder = nn.Module()
+    holder.out = nn.Parameter(torch.zeros(64, 64, device=DEV), requires_grad=False)
+
+    def step():
+        y = x
+        for _ in range(50):
+            y = y * 0.5 + 0.25
+        holder.out.copy_(y)
+        return y
+    return holder, step, True
+
+
+PROGRAMS = {"mlp": mlp, "tiny_lm": tiny_lm, "rnn_python": rnn_python, "chain": chain}
 
 
 def train(step, steps):
@@ -102,6 +118,22 @@ def timed(fn, steps):
     return (time.perf_counter() - t0) / steps
 
 
+def equality(make, steps=20):
+    """Parameters after `steps` steps from the same start, eager against Terra: bitwise equal, and
+    the largest absolute difference (deterministic kernels on one stream give the same bits)."""
+    model_e, step_e, _ = make()
+    train(step_e, steps)
+    model_t, step_t, _ = make()
+    terra.run(train, step_t, steps)
+    terra.sync()
+    torch.cuda.synchronize()
+    pairs = list(zip(model_e.parameters(), model_t.parameters()))
+    equal = all(torch.equal(a, b) for a, b in pairs)
+    diff = max(((a.double() - b.double()).abs().max().item() for a, b in pairs), default=0.0)
+    terra.reset()
+    return {"bitwise": equal, "max_abs_diff": diff}
+
+
 def modes_for(name, make, steps):
     """Builds each mode as (setup seconds, run(steps), model)."""
     out = {}
@@ -112,7 +144,8 @@ def modes_for(name, make, steps):
     t0 = time.perf_counter()
     terra.run(train, step_t, 3)  # warm-up: trace
     torch.cuda.synchronize()
-    out["terra"] = (time.perf_counter() - t0, lambda n: terra.run(train, step_t, n), model_t)
+    # terra.sync(): every op the program issued has been enqueued on the GPU before the clock stops.
+    out["terra"] = (time.perf_counter() - t0, lambda n: (terra.run(train, step_t, n), terra.sync()), model_t)
 
     model_c, step_c, _ = make()
     compiled = torch.compile(step_c, mode="reduce-overhead")
@@ -154,13 +187,15 @@ def main():
         raise SystemExit("bench/gpu/bench.py needs a CUDA device (run it through bench/gpu/run_device.sh)")
     rows = []
     for name, make in PROGRAMS.items():
+        same = equality(make)
         modes = modes_for(name, make, args.steps)
         times = {m: [] for m, v in modes.items() if callable(v[1])}
         for _ in range(args.rounds):
             for m in times:
                 times[m].append(timed(modes[m][1], args.steps))
         ref = [p.detach().float().cpu() for p in modes["eager"][2].parameters()]
-        row = {"program": name, "ms_per_step": {}, "setup_s": {}, "finite_params": {}, "errors": {}}
+        row = {"program": name, "ms_per_step": {}, "setup_s": {}, "finite_params": {}, "errors": {},
+               "terra_vs_eager_20_steps": same}
         for m, (setup, run, model) in modes.items():
             if not callable(run):
                 row["errors"][m] = run
@@ -172,6 +207,11 @@ def main():
             params = [p.detach().float().cpu() for p in model.parameters()]
             row["finite_params"][m] = all(torch.isfinite(p).all().item() and p.shape == r.shape
                                            for p, r in zip(params, ref))
+        stats = terra.stats("train")
+        row["terra_stats"] = {k: stats.get(k) for k in ("iterations_traced", "iterations_coexecuted",
+                                                          "iterations_replayed", "kernels_replayed",
+                                                          "blocks_refused")}
+        terra.reset()  # the next program's `train` starts a graph of its own
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = Path(args.out)
@@ -183,15 +223,18 @@ def main():
     lines = [f"# GPU benchmark ({meta['gpu']}, torch {meta['torch']})", "",
              f"{args.steps} steps per measurement, medians of {args.rounds} interleaved rounds, ms per step "
              "(speed-up over eager in parentheses).", "",
-             "| program | eager | Terra | compile(reduce-overhead) | CUDA graph replay | Terra / graph replay |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| program | eager | Terra | compile(reduce-overhead) | CUDA graph replay | Terra / graph replay "
+             "| Terra iterations traced / co-executed / replayed | parameters after 20 steps, Terra vs eager |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        t = r["ms_per_step"]
+        t, ts, eq = r["ms_per_step"], r["terra_stats"], r["terra_vs_eager_20_steps"]
         cell = lambda m: (f"{t[m]:.3f} ({t['eager'] / t[m]:.2f}x)" if m in t else  # noqa: E731
                           ("FAIL" if m in r["errors"] else "n/a"))
         ratio = f"{t['terra'] / t['cuda_graph']:.2f}" if "cuda_graph" in t else "n/a"
         lines.append(f"| {r['program']} | {t['eager']:.3f} | {cell('terra')} | {cell('compile')} | "
-                     f"{cell('cuda_graph')} | {ratio} |")
+                     f"{cell('cuda_graph')} | {ratio} | {ts['iterations_traced']} / "
+                     f"{ts['iterations_coexecuted']} / {ts['iterations_replayed']} | "
+                     f"{'bitwise equal' if eq['bitwise'] else 'max abs diff %.3g' % eq['max_abs_diff']} |")
     (out / "gpu_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

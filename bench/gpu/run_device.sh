@@ -2,7 +2,8 @@
 # One prepared run on the lent GPU machine (torch with CUDA already installed there, no registries,
 # no xeus): builds the engine alone (kernel and GoogleTests off) against that machine's torch,
 # runs the engine tests and the CUDA tests, then the GPU benchmark; everything it reports goes to
-# $OUT (the device tool brings it back). Meant to finish within 8 minutes.
+# $OUT (the device tool brings it back). Meant to finish within 9 minutes: build, CUDA tests, the
+# benchmark, then the engine's tests under that machine's Python and torch.
 #
 #   here:   bash bench/gpu/prepare.sh
 #   device: run(command="bash bench/gpu/run_device.sh", carry=[".device"], timeout_s=540)
@@ -24,20 +25,27 @@ gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTERRA_BUILD_KERNEL=OFF \
   -DTERRA_BUILD_TESTS=OFF -DPython_EXECUTABLE="$py" -DTERRA_JSON_INCLUDE="$root/.device/include" \
   -DCMAKE_INSTALL_PREFIX="$prefix" || exit 1
-cmake --build "$build" -j "$(nproc)" || exit 1
+keep=(); [ ${#gen[@]} -gt 0 ] && keep=(-- -k 0)  # ninja: every compile error in one run
+cmake --build "$build" -j "$(nproc)" "${keep[@]}" || exit 1
 cmake --install "$build" > /dev/null || exit 1
 site="$("$py" -c "import sysconfig; print(sysconfig.get_path('purelib', vars={'base': '$prefix', 'platbase': '$prefix'}))")"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 echo "build done after $(( $(date +%s) - start )) s"
 
-echo "== tests"
 cd "$root"
 status=0
-PYTHONUNBUFFERED=1 "$py" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py tests/python/test_engine.py \
-  tests/python/test_export.py --junitxml="$out/tests.xml" || status=$?
-echo "tests done after $(( $(date +%s) - start )) s (status $status)"
+echo "== CUDA tests"
+PYTHONUNBUFFERED=1 timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py \
+  --junitxml="$out/tests_cuda.xml" || status=$?
+echo "CUDA tests done after $(( $(date +%s) - start )) s (status $status)"
 
 echo "== benchmark"
 PYTHONUNBUFFERED=1 timeout 300 "$py" bench/gpu/bench.py --out "$out" || status=$?
+echo "benchmark done after $(( $(date +%s) - start )) s (status $status)"
+
+# Last: the engine's own tests on that machine's Python and torch (another version than here).
+echo "== engine tests"
+PYTHONUNBUFFERED=1 timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/python/test_engine.py \
+  tests/python/test_export.py --junitxml="$out/tests_engine.xml" || status=$?
 echo "== total $(( $(date +%s) - start )) s, status $status"
 exit $status

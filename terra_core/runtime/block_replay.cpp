@@ -18,7 +18,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node (node.h of its own from torch 2.12 on)
 #include <torch/library.h>
 
 #include <chrono>
@@ -314,7 +314,7 @@ struct BlockRecorder::Impl {
   std::vector<uint32_t> feeds;  // argument positions the item's own kernel re-reads
 
   // Autograd histories made by items, until a backward consumes them.
-  std::vector<std::pair<uint32_t, c10::intrusive_ptr<torch::autograd::Node>>> pending;
+  std::vector<std::pair<uint32_t, NodePtr>> pending;
   // The current backward: its leaves (index into block.leaves) and their gradients before it.
   struct LeafGrad {
     uint32_t leaf;
@@ -884,7 +884,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
         auto fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (fn) {
           // Not grad_fn(): that accessor re-checks views made under no_grad and may raise.
-          m.pending.emplace_back(m.index, c10::intrusive_ptr<torch::autograd::Node>::reclaim_copy(fn));
+          m.pending.emplace_back(m.index, node_ptr(fn));
           history = true;
           auto& names = m.block.grad_fn_names;
           const std::string name = fn->name();
@@ -1257,7 +1257,7 @@ void BlockReplayer::run(WorkItem& item) {
         const auto& names = block_->grad_fn_names;
         auto& node = freed_[name < 0 ? names.size() : static_cast<size_t>(name)];
         if (!node) {
-          node = c10::make_intrusive<ReplayedHistory>(name < 0 ? "TerraReplayedBackward"
+          node = make_node<ReplayedHistory>(name < 0 ? "TerraReplayedBackward"
                                                                : names[static_cast<size_t>(name)]);
         }
         const uint32_t nr = node->add_input_metadata(v);

@@ -46,6 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "autograd_node.h"
 #include "openmp_team.h"
 
 namespace torch::autograd {
@@ -274,7 +275,7 @@ class BlockReplayer {
   bool bind_ok_ = true;
   std::vector<c10::IValue> table_;
   // The grad_fns of outputs (see the header), one per name in Block::grad_fn_names.
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> freed_;
+  std::vector<NodePtr> freed_;
   uint64_t kernels_ = 0;
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
