@@ -17,6 +17,7 @@ start=$(date +%s)
 py="$(command -v python3)"
 echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$py" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.is_available())"
+ls "$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")/internal/pycore_frame.h" || true; nproc
 
 echo "== build (kernel off)"
 build=/tmp/terra-build
