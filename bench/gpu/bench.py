@@ -3,10 +3,13 @@ torch.compile(mode="reduce-overhead") vs replaying a captured CUDA graph of the 
 launch-bound programs (small models, small batches), side by side in one run.
 
 Each mode runs the same `train(steps)` function; a measurement is the wall time of `steps` steps
-ending with torch.cuda.synchronize(), divided by `steps`; medians of interleaved rounds. The CUDA
-graph replay is the floor for static programs (no Python at all per step). Equality with eager is
-checked by tests/python/test_cuda.py (run first by run_device.sh); here each mode's parameters are
-only checked to be finite. Writes JSON and Markdown to --out.
+ending with torch.cuda.synchronize(), divided by `steps`; medians of interleaved rounds. Each
+(program, mode) pair runs in a process of its own beside eager (`--program P --modes M`, rows
+appended to gpu_bench_rows.jsonl), so one mode's device-side assert cannot take the others' numbers
+with it; without --program the rows are rendered to gpu_bench.{json,md}. The CUDA
+graph replay is the floor for static programs (no Python at all per step). Terra's parameters
+after 20 steps are compared with eager's (bitwise and largest difference); tests/python/test_cuda.py
+(run first by run_device.sh) checks equality too.
 """
 import argparse
 import json
@@ -134,31 +137,34 @@ def equality(make, steps=20):
     return {"bitwise": equal, "max_abs_diff": diff}
 
 
-def modes_for(name, make, steps):
-    """Builds each mode as (setup seconds, run(steps), model)."""
+def modes_for(make, wanted):
+    """Builds eager and each wanted mode as (setup seconds, run(steps) or an error, model)."""
     out = {}
     model, step, static = make()
     out["eager"] = (0.0, lambda n: train(step, n), model)
 
-    model_t, step_t, _ = make()
-    t0 = time.perf_counter()
-    terra.run(train, step_t, 3)  # warm-up: trace
-    torch.cuda.synchronize()
-    # terra.sync(): every op the program issued has been enqueued on the GPU before the clock stops.
-    out["terra"] = (time.perf_counter() - t0, lambda n: (terra.run(train, step_t, n), terra.sync()), model_t)
-
-    model_c, step_c, _ = make()
-    compiled = torch.compile(step_c, mode="reduce-overhead")
-    t0 = time.perf_counter()
-    try:
-        for _ in range(3):
-            compiled()
+    if "terra" in wanted:
+        model_t, step_t, _ = make()
+        t0 = time.perf_counter()
+        terra.run(train, step_t, 3)  # warm-up: trace
         torch.cuda.synchronize()
-        out["compile"] = (time.perf_counter() - t0, lambda n: train(compiled, n), model_c)
-    except Exception as e:  # noqa: BLE001 - reported, not hidden
-        out["compile"] = (None, repr(e)[:200], model_c)
+        # terra.sync(): every op the program issued is on the GPU's queue before the clock stops.
+        out["terra"] = (time.perf_counter() - t0,
+                        lambda n: (terra.run(train, step_t, n), terra.sync()), model_t)
 
-    if static:
+    if "compile" in wanted:
+        model_c, step_c, _ = make()
+        compiled = torch.compile(step_c, mode="reduce-overhead")
+        t0 = time.perf_counter()
+        try:
+            for _ in range(3):
+                compiled()
+            torch.cuda.synchronize()
+            out["compile"] = (time.perf_counter() - t0, lambda n: train(compiled, n), model_c)
+        except Exception as e:  # noqa: BLE001 - reported, not hidden
+            out["compile"] = (None, repr(e)[:200], model_c)
+
+    if "cuda_graph" in wanted and static:
         model_g, step_g, _ = make()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -177,66 +183,102 @@ def modes_for(name, make, steps):
     return out
 
 
+MODES = ("terra", "compile", "cuda_graph")
+
+
+def measure(name, wanted, steps, rounds):
+    """One row: eager and the wanted modes side by side in this process, interleaved rounds."""
+    make = PROGRAMS[name]
+    row = {"program": name, "modes": list(wanted), "ms_per_step": {}, "setup_s": {}, "errors": {}}
+    if "terra" in wanted:
+        row["terra_vs_eager_20_steps"] = equality(make)
+    modes = modes_for(make, wanted)
+    times = {m: [] for m, v in modes.items() if callable(v[1])}
+    for r in range(rounds):
+        for m in times:
+            print(f"-- {name} {m} round {r}", flush=True)  # the last line before a device assert
+            times[m].append(timed(modes[m][1], steps))
+    for m, (setup, run, _model) in modes.items():
+        if not callable(run):
+            row["errors"][m] = run
+            continue
+        row["ms_per_step"][m] = statistics.median(times[m]) * 1e3
+        row["setup_s"][m] = setup
+    if "terra" in wanted:
+        stats = terra.stats("train")
+        row["terra_stats"] = {k: stats.get(k) for k in ("iterations_traced", "iterations_coexecuted",
+                                                          "iterations_replayed", "kernels_replayed",
+                                                          "blocks_refused")}
+    return row
+
+
+def render(rows, meta):
+    """Markdown: per program, each mode's ms per step and its speed-up over the eager run measured
+    beside it in the same process (eager is measured in every process)."""
+    lines = [f"# GPU benchmark ({meta.get('gpu')}, torch {meta.get('torch')}, Python {meta.get('python')})", "",
+             f"{meta.get('steps')} steps per measurement, medians of {meta.get('rounds')} interleaved rounds, ms "
+             "per step; each mode ran in a process of its own beside eager, and its speed-up is over that "
+             "eager run. A mode missing from a row failed (see `errors` in the JSON).", "",
+             "| program | eager | Terra | compile(reduce-overhead) | CUDA graph replay "
+             "| Terra iterations traced / co-executed / replayed | parameters after 20 steps, Terra vs eager |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    for name in PROGRAMS:
+        mine = [r for r in rows if r["program"] == name]
+        if not mine:
+            continue
+        cells, eager, ts, eq = {}, [], None, None
+        for r in mine:
+            t = r["ms_per_step"]
+            if "eager" in t:
+                eager.append(t["eager"])
+            for m in MODES:
+                if m in t and "eager" in t:
+                    cells[m] = f"{t[m]:.3f} ({t['eager'] / t[m]:.2f}x)"
+                elif m in r["modes"] and m not in cells:
+                    cells[m] = "FAIL" if (m in r["errors"] or r.get("failed")) else "n/a"
+            ts = r.get("terra_stats") or ts
+            eq = r.get("terra_vs_eager_20_steps") or eq
+        counts = f"{ts['iterations_traced']} / {ts['iterations_coexecuted']} / {ts['iterations_replayed']}" if ts else "-"
+        same = ("-" if eq is None else "bitwise equal" if eq["bitwise"] else f"max abs diff {eq['max_abs_diff']:.3g}")
+        base = f"{statistics.median(eager):.3f}" if eager else "FAIL"
+        lines.append(f"| {name} | {base} | {cells.get('terra', 'n/a')} | "
+                     f"{cells.get('compile', 'n/a')} | {cells.get('cuda_graph', 'n/a')} | {counts} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--program", choices=list(PROGRAMS), help="measure one program (else render)")
+    ap.add_argument("--modes", default=",".join(MODES), help="modes beside eager, comma-separated")
+    ap.add_argument("--failed", action="store_true", help="record --program/--modes as failed")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/gpu/bench.py needs a CUDA device (run it through bench/gpu/run_device.sh)")
-    rows = []
-    for name, make in PROGRAMS.items():
-        same = equality(make)
-        modes = modes_for(name, make, args.steps)
-        times = {m: [] for m, v in modes.items() if callable(v[1])}
-        for _ in range(args.rounds):
-            for m in times:
-                times[m].append(timed(modes[m][1], args.steps))
-        ref = [p.detach().float().cpu() for p in modes["eager"][2].parameters()]
-        row = {"program": name, "ms_per_step": {}, "setup_s": {}, "finite_params": {}, "errors": {},
-               "terra_vs_eager_20_steps": same}
-        for m, (setup, run, model) in modes.items():
-            if not callable(run):
-                row["errors"][m] = run
-                continue
-            row["ms_per_step"][m] = statistics.median(times[m]) * 1e3
-            row["setup_s"][m] = setup
-            # Modes ran different numbers of steps (warm-up), so parameters are not comparable
-            # here; equality with eager is what tests/python/test_cuda.py checks.
-            params = [p.detach().float().cpu() for p in model.parameters()]
-            row["finite_params"][m] = all(torch.isfinite(p).all().item() and p.shape == r.shape
-                                           for p, r in zip(params, ref))
-        stats = terra.stats("train")
-        row["terra_stats"] = {k: stats.get(k) for k in ("iterations_traced", "iterations_coexecuted",
-                                                          "iterations_replayed", "kernels_replayed",
-                                                          "blocks_refused")}
-        terra.reset()  # the next program's `train` starts a graph of its own
-        rows.append(row)
-        print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "steps": args.steps, "rounds": args.rounds}
+    rows_file = out / "gpu_bench_rows.jsonl"
+    wanted = [m for m in args.modes.split(",") if m]
+    if args.failed:  # the process measuring them died (a device-side assert ends a CUDA context)
+        with rows_file.open("a") as f:
+            f.write(json.dumps({"program": args.program, "modes": wanted, "ms_per_step": {},
+                                "errors": {}, "failed": True}) + "\n")
+        return
+    if args.program:
+        if not torch.cuda.is_available():
+            raise SystemExit("bench/gpu/bench.py needs a CUDA device (run it through bench/gpu/run_device.sh)")
+        row = measure(args.program, wanted, args.steps, args.rounds)
+        print(json.dumps(row), flush=True)
+        with rows_file.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+    meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps, "rounds": args.rounds}
     (out / "gpu_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# GPU benchmark ({meta['gpu']}, torch {meta['torch']})", "",
-             f"{args.steps} steps per measurement, medians of {args.rounds} interleaved rounds, ms per step "
-             "(speed-up over eager in parentheses).", "",
-             "| program | eager | Terra | compile(reduce-overhead) | CUDA graph replay | Terra / graph replay "
-             "| Terra iterations traced / co-executed / replayed | parameters after 20 steps, Terra vs eager |",
-             "|---|---:|---:|---:|---:|---:|---|---|"]
-    for r in rows:
-        t, ts, eq = r["ms_per_step"], r["terra_stats"], r["terra_vs_eager_20_steps"]
-        cell = lambda m: (f"{t[m]:.3f} ({t['eager'] / t[m]:.2f}x)" if m in t else  # noqa: E731
-                          ("FAIL" if m in r["errors"] else "n/a"))
-        ratio = f"{t['terra'] / t['cuda_graph']:.2f}" if "cuda_graph" in t else "n/a"
-        lines.append(f"| {r['program']} | {t['eager']:.3f} | {cell('terra')} | {cell('compile')} | "
-                     f"{cell('cuda_graph')} | {ratio} | {ts['iterations_traced']} / "
-                     f"{ts['iterations_coexecuted']} / {ts['iterations_replayed']} | "
-                     f"{'bitwise equal' if eq['bitwise'] else 'max abs diff %.3g' % eq['max_abs_diff']} |")
-    (out / "gpu_bench.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "gpu_bench.md").write_text(render(rows, meta))
+    print(render(rows, meta))
 
 
 if __name__ == "__main__":

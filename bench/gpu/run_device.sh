@@ -41,12 +41,38 @@ PYTHONUNBUFFERED=1 timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/pyth
 echo "CUDA tests done after $(( $(date +%s) - start )) s (status $status)"
 
 echo "== benchmark"
-PYTHONUNBUFFERED=1 timeout 300 "$py" bench/gpu/bench.py --out "$out" || status=$?
+# One process per (program, mode) beside eager; a process that dies (a device-side assert ends its
+# CUDA context) is recorded as failed and run again for 20 steps with CUDA_LAUNCH_BLOCKING=1, so
+# its traceback names the op.
+for mode in terra cuda_graph compile; do  # compile's warm-up is the slowest: last
+  for prog in mlp tiny_lm rnn_python chain; do
+    [ "$mode" = cuda_graph ] && [ "$prog" = rnn_python ] && continue  # not static
+    limit=60; [ "$mode" = compile ] && limit=90
+    PYTHONUNBUFFERED=1 timeout $limit "$py" bench/gpu/bench.py --out "$out" --program $prog --modes $mode \
+      --steps 200 --rounds 3 > "$out/last.log" 2>&1
+    rc=$?
+    grep -v "^--" "$out/last.log" | tail -3
+    if [ $rc -ne 0 ]; then
+      status=1
+      echo "!! $prog $mode failed (rc $rc); last lines:"; grep -v "Loss.cu\|IndexKernel.cu" "$out/last.log" | tail -8
+      "$py" bench/gpu/bench.py --out "$out" --program $prog --modes $mode --failed
+      [ $rc -ne 124 ] && CUDA_LAUNCH_BLOCKING=1 PYTHONUNBUFFERED=1 timeout 60 "$py" bench/gpu/bench.py --out /tmp/diag \
+        --program $prog --modes $mode --steps 20 --rounds 1 2>&1 | grep -v "Loss.cu\|IndexKernel.cu" | tail -25
+    fi
+    echo "   ($prog $mode: $(( $(date +%s) - start )) s)"
+  done
+done
+"$py" bench/gpu/bench.py --out "$out" --steps 200 --rounds 3 || status=$?
+rm -f "$out/last.log"
 echo "benchmark done after $(( $(date +%s) - start )) s (status $status)"
 
 # Last: the engine's own tests on that machine's Python and torch (another version than here).
 echo "== engine tests"
-PYTHONUNBUFFERED=1 timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/python/test_engine.py \
-  tests/python/test_export.py --junitxml="$out/tests_engine.xml" || status=$?
+# (test_gradient_accumulation_order_matches_eager_across_threads crashed there on 2026-12-04: run
+# apart, after the others.)
+crash=tests/python/test_engine.py::test_gradient_accumulation_order_matches_eager_across_threads
+PYTHONUNBUFFERED=1 timeout 80 "$py" -m pytest -q -p no:cacheprovider tests/python/test_engine.py \
+  tests/python/test_export.py --deselect $crash --junitxml="$out/tests_engine.xml" || status=$?
+PYTHONUNBUFFERED=1 timeout 20 "$py" -X faulthandler -m pytest -q -p no:cacheprovider $crash 2>&1 | tail -30 || status=$?
 echo "== total $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -252,7 +252,8 @@ def install():
     # `torch.backends.mkldnn.enabled = False` and its kin: properties that hold the setter itself
     _set(torch.backends.ContextProp, "__set__", _synced(torch.backends.ContextProp.__set__))
     for name in ("_enter_dual_level", "_exit_dual_level"):  # looked up at each call
-        _set(_predispatch, name, _synced(getattr(_predispatch, name)))
+        if hasattr(_predispatch, name):  # torch 2.12 on
+            _set(_predispatch, name, _synced(getattr(_predispatch, name)))
     for name in _RNG:
         _set(torch, name, _synced(getattr(torch, name)))
         _set(torch.random, name, _synced(getattr(torch.random, name)))
