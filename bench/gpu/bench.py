@@ -154,7 +154,14 @@ def modes_for(make, wanted):
 
     if "compile" in wanted:
         model_c, step_c, _ = make()
-        compiled = torch.compile(step_c, mode="reduce-overhead")
+        graphed = torch.compile(step_c, mode="reduce-overhead")
+
+        def compiled():
+            # A new step for cudagraph trees: without it, mlp and tiny_lm raised "accessing tensor
+            # output of CUDAGraphs that has been overwritten by a subsequent run" (2026-12-04;
+            # this line not yet run on a GPU).
+            torch.compiler.cudagraph_mark_step_begin()
+            return graphed()
         t0 = time.perf_counter()
         try:
             for _ in range(3):
