@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/forward_grad.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -209,6 +211,7 @@ GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capac
   blocks_->replayer.set_program_waits([this] { return python_blocked(); });
   install_record_hook();
   thread_ = std::thread([this] { loop(); });
+  thread_clock_ok_ = pthread_getcpuclockid(thread_.native_handle(), &thread_clock_) == 0;
 }
 
 GraphRunner::~GraphRunner() {

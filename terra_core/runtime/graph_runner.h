@@ -23,6 +23,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <ctime>
 #include <exception>
 #include <functional>
 #include <map>
@@ -38,6 +39,15 @@
 #include "thread_state.h"
 
 namespace terra::runtime {
+
+// The time on a CPU-time clock (CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID, a thread's
+// pthread_getcpuclockid), in seconds.
+inline double cpu_clock_seconds(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 
 struct OutSpec;  // op_template.h
 
@@ -163,6 +173,9 @@ class GraphRunner {
   uint64_t values_released_early() const { return released_early_.load(std::memory_order_relaxed); }
   // Wall time the runner thread spent executing items, in nanoseconds.
   uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
+  // CPU time the runner thread has used so far, in seconds (its kernels' own threads not
+  // counted); any thread may ask.
+  double cpu_seconds() const { return thread_clock_ok_ ? cpu_clock_seconds(thread_clock_) : -1.0; }
 
   // Block replay (block_replay.h): on by default; set by the Python thread.
   void set_replay(bool on) { replay_.store(on, std::memory_order_relaxed); }
@@ -267,6 +280,8 @@ class GraphRunner {
   std::atomic<uint64_t> wait_target_{0};  // the item the sleeping Python thread waits for (0: none)
   std::atomic<int> sleeping_{0};  // whether and how the GraphRunner sleeps on work_cv_ (.cpp)
   std::thread thread_;
+  clockid_t thread_clock_{};  // thread_'s CPU-time clock (cpu_seconds), if thread_clock_ok_
+  bool thread_clock_ok_ = false;
 };
 
 }  // namespace terra::runtime

@@ -399,6 +399,7 @@ void PythonRunner::end_iteration() {
     case Mode::Off:
       break;
   }
+  if (choosing_spin()) note_others_cpu(static_cast<double>(end - iteration_start_ns_) * 1e-9);
   if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
     // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
     // one also measured the GraphRunner in its steady state (coexec_seconds).
@@ -518,9 +519,48 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   }
 }
 
+namespace {
+
+// Below this share of a spinning co-executed iteration's wall time, the workers' CPU is noise
+// (hf_bert's spinning worker used about one core: 10 ms of CPU per 9-12 ms step).
+constexpr double kWorkersCpuShare = 0.1;
+
+// Whether the GraphRunner's idle workers took CPU while spinning (true where not measured):
+// asleep saves only that.
+bool workers_took_cpu(const Graph& g) {
+  return g.spinning_seconds <= 0 || g.spinning_others_cpu >= kWorkersCpuShare * g.spinning_seconds;
+}
+
+}  // namespace
+
+void PythonRunner::note_others_cpu(double wall_seconds) {
+  // Consecutive iterations' ends bracket each iteration; a break (an iteration not co-executed
+  // with the workers spinning, no GraphRunner) starts the chain again.
+  const bool measured = runner_ && mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec && !spin_limited_;
+  const double runner_cpu = measured ? runner_->cpu_seconds() : -1.0;
+  if (runner_cpu < 0) {
+    others_cpu_at_ = -1.0;
+    return;
+  }
+  const double others = cpu_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) -
+                        cpu_clock_seconds(CLOCK_THREAD_CPUTIME_ID) - runner_cpu;
+  if (others_cpu_at_ >= 0) {
+    graph_->spinning_seconds += wall_seconds;
+    graph_->spinning_others_cpu += std::max(0.0, others - others_cpu_at_);
+  }
+  others_cpu_at_ = others;
+}
+
 void PythonRunner::choose_workers() {
   Graph& g = *graph_;
   using Trial = Graph::WorkersTrial;
+  if (!g.workers_asleep && !workers_took_cpu(g)) {
+    // Spinning, the workers used next to no CPU (the GraphRunner's kernels ran on its thread
+    // alone): asleep cannot win, and timing it cost short programs the trial's iterations plus
+    // the pool's making and release (corpus p28: 5 more co-executed iterations that lost).
+    g.workers_trial = Trial::Done;
+    return;
+  }
   if (g.payoff.choice_eager()) {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep).

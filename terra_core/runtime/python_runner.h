@@ -174,6 +174,9 @@ class PythonRunner {
   uint64_t completed_seq_ = 0;  // issued at the end of the previous co-executed iteration
   int64_t completed_ns_ = 0;    // when that iteration's predecessor had been run (0: none)
   int coexec_run_ = 0;          // co-executed iterations in a row, up to this one
+  // CPU time of the threads other than this one and the GraphRunner's at the last iteration's
+  // end, while measuring (note_others_cpu); -1 when not.
+  double others_cpu_at_ = -1.0;
   static constexpr int kCoexecRunBeforeSample = 3;  // the first two time the GraphRunner's start
   bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
   Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
@@ -193,6 +196,9 @@ class PythonRunner {
   // After a payoff check (choosing_spin): which way the graph's co-executed iterations keep the
   // GraphRunner's idle OpenMP workers next (Graph::workers_asleep, Graph::WorkersTrial).
   void choose_workers();
+  // Adds a co-executed iteration with the workers spinning to Graph::spinning_seconds and
+  // spinning_others_cpu (choose_workers reads them).
+  void note_others_cpu(double wall_seconds);
   // At an iteration's end: where a trial's timing has just begun, flips the workers' way for it.
   void trial_workers();
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }

@@ -1452,6 +1452,38 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
         assert "coexec" in modes[first_eager:first_eager + 12], modes
 
 
+def tiny_mlp_steps(steps=60):
+    """Training on tensors far below the intra-op grain size: every kernel runs on the
+    GraphRunner's thread alone, so its OpenMP workers, spinning or not, take no CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    losses = []
+    for _ in range(steps):
+        loss = (model(x) - y).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses + [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("coexec_wins", [False, True])
+def test_workers_that_took_no_cpu_are_not_tried_asleep(coexec_wins):
+    # Asleep only saves the CPU the spinning workers took. Where the GraphRunner's kernels never
+    # used them, neither a loss nor a win leads to timing co-execution with them asleep (that
+    # trial cost short programs its iterations and the idle pool's making and release).
+    terra.config(adaptive=True, payoff_margin=100.0 if coexec_wins else -1.0)
+    try:
+        s, _ = coexecuted_as_eager(tiny_mlp_steps)
+    finally:
+        terra.config(adaptive=False, payoff_margin=0.0)
+    assert s["payoff"]["checks"] >= 1, s["payoff"]
+    assert 0 <= s["workers_cpu_share"] < 0.1, s
+    assert s["iterations_workers_asleep"] == 0 and s["workers_trial"] == "done", s
+
+
 def test_worker_spin_takes_auto_spin_or_sleep():
     with pytest.raises(ValueError, match="auto, spin or sleep"):
         terra.config(worker_spin="fast")
