@@ -134,6 +134,12 @@ def run_terra(main):
     real = [l for l in count if spent[l] >= 20_000 * count[l]] or list(count)
     loop = max(real, key=lambda l: count[l])
     mine = [it for it in its if it["loop"] == loop]
+    # The pipeline has finished an iteration once it has finished every one before it too: an
+    # eager iteration's Python can end before the GraphRunner finishes the co-executed one before
+    # it (corpus p23 once measured a negative mean step that way).
+    finished = 0
+    for it in mine:
+        finished = done[it["index"]] = max(done[it["index"]], finished)
     durations = [(done[b["index"]] - done[a["index"]]) * 1e-9 for a, b in zip(mine, mine[1:])
                  if b["index"] == a["index"] + 1]
     first = next((i for i, it in enumerate(its) if it["mode"] == "coexec"), None)
