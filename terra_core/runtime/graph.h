@@ -100,6 +100,7 @@ struct Graph {
   // all). Asleep can only save what the workers took: where they took next to nothing (kernels
   // too small for intra-op threads), the other way is not tried (choose_workers).
   double spinning_seconds = 0, spinning_others_cpu = 0;
+  bool retimed_first_loss = false;  // co-execution's first loss was followed by a short hold
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.

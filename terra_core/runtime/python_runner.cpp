@@ -558,6 +558,12 @@ void PythonRunner::choose_workers() {
     // Spinning, the workers used next to no CPU (the GraphRunner's kernels ran on its thread
     // alone): asleep cannot win, and timing it cost short programs the trial's iterations plus
     // the pool's making and release (corpus p28: 5 more co-executed iterations that lost).
+    // The first loss still has co-execution timed again soon, as the trial had it: the first
+    // co-executed iterations after an idle pause can take several times their later time
+    // (threads woken late on this VM; corpus p01 after bench/corpus.py's eager child process:
+    // 0.82 ms against 0.12), and a hold sized from them ran the rest of the program eagerly.
+    if (g.payoff.choice_eager() && !g.retimed_first_loss) g.payoff.recheck_within(kFirstAsleepRecheck);
+    g.retimed_first_loss = g.retimed_first_loss || g.payoff.choice_eager();
     g.workers_trial = Trial::Done;
     return;
   }
