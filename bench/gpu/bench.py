@@ -157,9 +157,9 @@ def modes_for(make, wanted):
         graphed = torch.compile(step_c, mode="reduce-overhead")
 
         def compiled():
-            # A new step for cudagraph trees: without it, mlp and tiny_lm raised "accessing tensor
-            # output of CUDAGraphs that has been overwritten by a subsequent run" (2026-12-04;
-            # this line not yet run on a GPU).
+            # A new step for cudagraph trees. mlp and tiny_lm raised "accessing tensor output of
+            # CUDAGraphs that has been overwritten by a subsequent run" without it (2026-12-04),
+            # and mlp still did with it (at the step's loss): not solved.
             torch.compiler.cudagraph_mark_step_begin()
             return graphed()
         t0 = time.perf_counter()
