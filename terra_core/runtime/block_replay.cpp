@@ -1258,7 +1258,7 @@ void BlockReplayer::run(WorkItem& item) {
         auto& node = freed_[name < 0 ? names.size() : static_cast<size_t>(name)];
         if (!node) {
           node = make_node<ReplayedHistory>(name < 0 ? "TerraReplayedBackward"
-                                                               : names[static_cast<size_t>(name)]);
+                                                     : names[static_cast<size_t>(name)]);
         }
         const uint32_t nr = node->add_input_metadata(v);
         torch::autograd::impl::set_gradient_edge(v, torch::autograd::Edge(node, nr));

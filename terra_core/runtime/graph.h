@@ -90,7 +90,9 @@ struct Graph {
   // that way kept where it took at most 0.9 of the first's time (WorkersTrial,
   // PythonRunner::choose_workers): winning does not mean the workers took no core.
   bool workers_asleep = false;
-  bool tried_workers_asleep = false;  // co-execution has been timed with them asleep
+  // Co-execution has been timed a second time: the other way (a first win's trial) or after its
+  // first loss (choose_workers).
+  bool retimed_coexec = false;
   // Waiting: for its timing, which then runs the other way (Timing) until the check after it.
   enum class WorkersTrial : uint8_t { Untried, Waiting, Timing, Done };
   WorkersTrial workers_trial = WorkersTrial::Untried;
@@ -100,7 +102,6 @@ struct Graph {
   // all). Asleep can only save what the workers took: where they took next to nothing (kernels
   // too small for intra-op threads), the other way is not tried (choose_workers).
   double spinning_seconds = 0, spinning_others_cpu = 0;
-  bool retimed_first_loss = false;  // co-execution's first loss was followed by a short hold
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.

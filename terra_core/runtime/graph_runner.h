@@ -48,7 +48,6 @@ inline double cpu_clock_seconds(clockid_t clock) {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
-
 struct OutSpec;  // op_template.h
 
 enum class OpKind : uint8_t {

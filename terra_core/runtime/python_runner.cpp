@@ -554,32 +554,29 @@ void PythonRunner::note_others_cpu(double wall_seconds) {
 void PythonRunner::choose_workers() {
   Graph& g = *graph_;
   using Trial = Graph::WorkersTrial;
-  if (!g.workers_asleep && !workers_took_cpu(g)) {
-    // Spinning, the workers used next to no CPU (the GraphRunner's kernels ran on its thread
-    // alone): asleep cannot win, and timing it cost short programs the trial's iterations plus
-    // the pool's making and release (corpus p28: 5 more co-executed iterations that lost).
-    // The first loss still has co-execution timed again soon, as the trial had it: the first
-    // co-executed iterations after an idle pause can take several times their later time
-    // (threads woken late on this VM; corpus p01 after bench/corpus.py's eager child process:
-    // 0.82 ms against 0.12), and a hold sized from them ran the rest of the program eagerly.
-    if (g.payoff.choice_eager() && !g.retimed_first_loss) g.payoff.recheck_within(kFirstAsleepRecheck);
-    g.retimed_first_loss = g.retimed_first_loss || g.payoff.choice_eager();
-    g.workers_trial = Trial::Done;
-    return;
-  }
+  // Asleep saves only what the spinning workers took. Where they took next to no CPU (the
+  // GraphRunner's kernels ran on its thread alone) the other way is never timed: that trial cost
+  // short programs its iterations and the idle pool's making and release (corpus p28: 5 more
+  // co-executed iterations that lost).
+  const bool other_way_may_win = g.workers_asleep || workers_took_cpu(g);
   if (g.payoff.choice_eager()) {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
-    // wholly so): its next timing tries them the other way (Graph::workers_asleep).
-    g.workers_asleep = !g.workers_asleep;
-    // The first loss: time co-execution with them asleep soon, not after a hold that grows
-    // with how much slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps
-    // co-executed, its asleep timing late).
-    if (!g.tried_workers_asleep) g.payoff.recheck_within(kFirstAsleepRecheck);
-    g.tried_workers_asleep = true;
+    // wholly so): its next timing tries them the other way (Graph::workers_asleep) where that
+    // may win, the same way again where not.
+    if (other_way_may_win) g.workers_asleep = !g.workers_asleep;
+    // The first loss: time co-execution again soon, not after a hold that grows with how much
+    // slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps co-executed, its
+    // asleep timing late). The same way too: the first co-executed iterations after an idle
+    // pause can take several times their later time (threads woken late on this VM; corpus p01
+    // after bench/corpus.py's eager child process: 0.82 ms against 0.12).
+    if (!g.retimed_coexec) g.payoff.recheck_within(kFirstAsleepRecheck);
+    g.retimed_coexec = true;
     g.workers_trial = Trial::Done;  // a way that lost and one that did not, or both lost
     return;
   }
-  if (g.workers_trial == Trial::Untried) {
+  if (g.workers_trial == Trial::Untried && !other_way_may_win) {
+    g.workers_trial = Trial::Done;
+  } else if (g.workers_trial == Trial::Untried) {
     // The first win: co-execution is timed soon with the workers the other way. Winning does not
     // mean the spinning workers took no core: hf_bert's co-execution (forced, fresh processes)
     // ran its steps at 9-12 ms with them spinning, beating the same process's eager steps, and
@@ -604,7 +601,7 @@ void PythonRunner::trial_workers() {
   if (g.payoff.phase() != terra::Payoff::Phase::MeasureCoExec) return;
   g.workers_trial = Graph::WorkersTrial::Timing;
   g.workers_asleep = !g.workers_asleep;
-  g.tried_workers_asleep = g.tried_workers_asleep || g.workers_asleep;
+  g.retimed_coexec = true;
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

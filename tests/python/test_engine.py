@@ -1388,15 +1388,9 @@ def test_the_default_generators_own_methods_wait_for_pending_draws():
     assert s["iterations_coexecuted"] >= 15, s
 
 
-def layer_norm_steps(steps=40):
-    """A small training loop whose backward has a kernel that keeps the program's intra-op
-    thread count when replayed (layer_norm's backward splits its sums by thread), reading the
-    loss every step so the program waits for the GraphRunner."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Tanh(),
-                                torch.nn.Linear(256, 1))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(512, 64), torch.randn(512, 1)
+def fit_reading_loss(model, opt, x, y, steps):
+    """Regression steps that read the loss every step (so the program waits for the
+    GraphRunner): the losses, then the final parameters."""
     losses = []
     for _ in range(steps):
         loss = (model(x) - y).square().mean()
@@ -1405,6 +1399,44 @@ def layer_norm_steps(steps=40):
         opt.step()
         losses.append(loss.item())
     return losses + [p.detach().clone() for p in model.parameters()]
+
+
+def layer_norm_steps(steps=40):
+    """A small training loop whose backward has a kernel that keeps the program's intra-op
+    thread count when replayed (layer_norm's backward splits its sums by thread)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.LayerNorm(256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return fit_reading_loss(model, opt, torch.randn(512, 64), torch.randn(512, 1), steps)
+
+
+def tiny_mlp_steps(steps=60):
+    """Training on tensors far below the intra-op grain size: every kernel runs on the
+    GraphRunner's thread alone, so its OpenMP workers, spinning or not, take no CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return fit_reading_loss(model, opt, torch.randn(4, 8), torch.randn(4, 1), steps)
+
+
+def coexecuted_with_payoff_forced(fn, coexec_wins, **kwargs):
+    """coexecuted_as_eager's stats for `fn` with the payoff check on and its margin forcing
+    co-execution to win (or to lose) against eager execution."""
+    terra.config(adaptive=True, payoff_margin=100.0 if coexec_wins else -1.0)
+    try:
+        s, _ = coexecuted_as_eager(fn, **kwargs)
+    finally:
+        terra.config(adaptive=False, payoff_margin=0.0)
+    return s
+
+
+def assert_coexec_timed_again_soon():
+    """The first loss is followed by a short hold (8 eager iterations), not one sized from the
+    times: co-execution is timed again within 12 iterations of the first eager one."""
+    modes = [it["mode"] for it in terra.timeline()["iterations"]]
+    first_eager = modes.index("eager")
+    assert "coexec" in modes[first_eager:first_eager + 12], modes
 
 
 def test_the_graph_runners_workers_asleep_change_no_result():
@@ -1431,11 +1463,7 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
     # where it wins the first time, it is timed once with them asleep as well, soon, and the
     # faster way stays. The margin forces each outcome against eager execution; which way of the
     # workers is faster is the machine's, so only that both were timed is checked there.
-    terra.config(adaptive=True, payoff_margin=100.0 if coexec_wins else -1.0)
-    try:
-        s, _ = coexecuted_as_eager(layer_norm_steps, steps=120)
-    finally:
-        terra.config(adaptive=False, payoff_margin=0.0)
+    s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120)
     assert s["payoff"]["checks"] >= 2, s["payoff"]
     assert s["workers_trial"] == "done", s
     if coexec_wins:
@@ -1445,28 +1473,7 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
         assert 3 <= s["iterations_workers_asleep"] < s["iterations_coexecuted"] - 8, s
     else:
         assert 0 < s["iterations_workers_asleep"] < s["iterations_coexecuted"], s
-        # The first loss is followed by a short hold (8 eager iterations), not one sized from
-        # the times: co-execution with the workers asleep was timed early.
-        modes = [it["mode"] for it in terra.timeline()["iterations"]]
-        first_eager = modes.index("eager")
-        assert "coexec" in modes[first_eager:first_eager + 12], modes
-
-
-def tiny_mlp_steps(steps=60):
-    """Training on tensors far below the intra-op grain size: every kernel runs on the
-    GraphRunner's thread alone, so its OpenMP workers, spinning or not, take no CPU."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x, y = torch.randn(4, 8), torch.randn(4, 1)
-    losses = []
-    for _ in range(steps):
-        loss = (model(x) - y).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses + [p.detach().clone() for p in model.parameters()]
+        assert_coexec_timed_again_soon()  # with the workers asleep
 
 
 @pytest.mark.parametrize("coexec_wins", [False, True])
@@ -1474,20 +1481,13 @@ def test_workers_that_took_no_cpu_are_not_tried_asleep(coexec_wins):
     # Asleep only saves the CPU the spinning workers took. Where the GraphRunner's kernels never
     # used them, neither a loss nor a win leads to timing co-execution with them asleep (that
     # trial cost short programs its iterations and the idle pool's making and release).
-    terra.config(adaptive=True, payoff_margin=100.0 if coexec_wins else -1.0)
-    try:
-        s, _ = coexecuted_as_eager(tiny_mlp_steps)
-    finally:
-        terra.config(adaptive=False, payoff_margin=0.0)
+    s = coexecuted_with_payoff_forced(tiny_mlp_steps, coexec_wins)
     assert s["payoff"]["checks"] >= 1, s["payoff"]
     assert 0 <= s["workers_cpu_share"] < 0.1, s
     assert s["iterations_workers_asleep"] == 0 and s["workers_trial"] == "done", s
     if not coexec_wins:
-        # The first loss is still followed by a short hold (8 eager iterations), co-execution then
-        # timed again: the first timing may have been disturbed (threads woken late after a pause).
-        modes = [it["mode"] for it in terra.timeline()["iterations"]]
-        first_eager = modes.index("eager")
-        assert "coexec" in modes[first_eager:first_eager + 12], modes
+        # The same way: the first timing may have been disturbed (threads woken late after a pause).
+        assert_coexec_timed_again_soon()
 
 
 def test_worker_spin_takes_auto_spin_or_sleep():
