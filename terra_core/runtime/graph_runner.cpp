@@ -589,6 +589,8 @@ void GraphRunner::end_iteration() {
 }
 
 void GraphRunner::loop() {
+  // Named for top, perf and py-spy; the OpenMP workers it starts inherit the name.
+  pthread_setname_np(pthread_self(), "terra-graph");
   RunnerAllocator::set_cached_thread(true);  // its buffers are reused across iterations
   uint64_t next = 0;
   // The current busy span: from the first item executed after idling (or after the issuing

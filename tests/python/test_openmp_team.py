@@ -21,6 +21,10 @@ PROGRAM = textwrap.dedent("""
     def threads():
         return len(os.listdir("/proc/self/task"))
 
+    def graph_threads():  # the GraphRunner and the workers of its team, which inherit its name
+        tasks = os.listdir("/proc/self/task")
+        return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "terra-graph" for t in tasks)
+
     big = torch.randn(512, 512)
     n0 = threads()                 # no team yet: the program thread and the libraries' own threads
     big @ big
@@ -28,7 +32,7 @@ PROGRAM = textwrap.dedent("""
 
     w = torch.randn(512, 512, requires_grad=True)
     opt = torch.optim.SGD([w], lr=1e-4)
-    during = []
+    during, graph_during = [], []
 
     def train(steps):
         for _ in range(steps):
@@ -38,12 +42,15 @@ PROGRAM = textwrap.dedent("""
             opt.step()
             float(loss)                      # the GraphRunner has run this step's matmul
             during.append(threads())
+            graph_during.append(graph_threads())
 
     terra.run(train, 12)
     eager_again = threads()        # the GraphRunner gave its team back when the session ended
+    graph_after = graph_threads()
     big @ big
     after_eager_op = threads()
     print(json.dumps({"n0": n0, "team": team, "during": during, "eager_again": eager_again,
+                      "graph_during": graph_during, "graph_after": graph_after,
                       "after_eager_op": after_eager_op, "stats": terra.stats("train")}))
 """)
 
@@ -61,8 +68,12 @@ def test_at_most_one_openmp_team_in_any_mode(tmp_path):
     # While tracing, the program thread's team; while co-executing, the GraphRunner's (which runs
     # the matmuls): never both, so at most the GraphRunner thread and one team on top of n0.
     assert max(r["during"]) == n0 + 1 + team, r
+    # The team is the GraphRunner's (its thread is named terra-graph, and so are the workers it
+    # starts) ...
+    assert max(r["graph_during"]) == 1 + team, r
     # Once the session has ended the GraphRunner holds no pool ...
     assert r["eager_again"] == n0 + 1, r
+    assert r["graph_after"] == 1, r
     # ... and an eager op gets the program thread's team back, the only one.
     assert r["after_eager_op"] == n0 + 1 + team, r
 
