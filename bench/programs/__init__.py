@@ -11,6 +11,7 @@ PROGRAMS = [
     "detector_numpy_nms",
     "rnn_lengths",
     "rl_cartpole",
+    "tabular_mlp",
     # third-party model code (Hugging Face transformers from configs; installed on first use)
     "hf_gpt2",
     "hf_llama",
