@@ -528,6 +528,27 @@ bool large_for_threads(const c10::IValue& v) {
 
 }  // namespace
 
+namespace {
+
+// The argument of `item` that a kernel of its decomposition takes, by name, as argument `i`
+// (value `v`), where nothing else can have kept it: BatchNorm's momentum, which only updates the
+// running statistics (the backward does not take it). With `momentum=None` nn.BatchNorm passes
+// 1 / num_batches_tracked, a new number every step, so a guard would leave the block every
+// iteration (corpus p13). -1: none.
+int passed_number(const WorkItem& item, const c10::FunctionSchema& kernel, size_t i, const c10::IValue& v) {
+  if (!v.isDouble() || !item.op || kernel.arguments()[i].name() != "momentum") return -1;
+  const std::string& name = kernel.name();
+  if (name != "aten::native_batch_norm" && name != "aten::_native_batch_norm_legit") return -1;
+  const auto& args = item.op->schema().arguments();
+  for (size_t a = 0; a < args.size() && a < item.args.size(); ++a) {
+    const c10::IValue& x = item.args[a];
+    if (args[a].name() == "momentum" && x.isDouble() && same_number(x, v)) return static_cast<int>(a);
+  }
+  return -1;
+}
+
+}  // namespace
+
 void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                                  const torch::jit::Stack& stack) {
   if (refused()) return;
@@ -586,11 +607,11 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
       return refuse("a generator argument");
     } else if (v.isObject() || v.isCapsule() || v.isPyObject() || v.isFuture() || v.isTuple()) {
       return refuse(std::string("an argument it cannot name (") + schema.name() + ")");
-    } else if (own) {
+    } else if (const int from = own ? static_cast<int>(i) : passed_number(*m.item, schema, i, v); from >= 0) {
       // A Python number or constant of the item: re-read from the item's argument.
       ItemPlan& p = m.block.items.back();
       ItemPlan::Load l;
-      l.arg = static_cast<uint32_t>(i);
+      l.arg = static_cast<uint32_t>(from);
       l.id = m.new_id(true);
       m.load_at.resize(m.block.table_size);
       m.load_at[l.id] = {m.index, static_cast<uint32_t>(p.loads.size())};

@@ -273,6 +273,33 @@ def test_activations_with_a_cpu_kernel_and_a_generic_decomposition_are_replayed_
     assert s["iterations_replayed"] >= 15, s
 
 
+@pytest.mark.parametrize("momentum", [None, 0.1])
+def test_batchnorm_running_statistics_are_replayed_with_this_steps_momentum(momentum):
+    # momentum=None: nn.BatchNorm averages cumulatively, passing 1 / num_batches_tracked, a new
+    # Python number every step, to native_batch_norm inside batch_norm's decomposition. Guarded as
+    # recorded, it left the block every iteration (corpus p13: 1 of 46 co-executed iterations
+    # replayed); re-read from the item, the running statistics move as eagerly.
+    def fit(steps):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16, momentum=momentum),
+                                    torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x, y = torch.randn(96, 6), torch.randn(96, 1)
+        for step in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[step % 3::3]), y[step % 3::3]).backward()
+            opt.step()
+        return model
+
+    eager = fit(30)
+    coexec = terra.run(fit, 30)
+    for (name, a), (_, b) in zip(eager.state_dict().items(), coexec.state_dict().items()):
+        assert torch.equal(a, b), name  # parameters and running_mean / running_var / num_batches
+    s = terra.stats()
+    assert s["blocks_refused"] == 0, s
+    assert s["iterations_replayed"] >= 15, s
+
+
 def test_items_run_op_by_op_use_one_thread_where_their_recording_found_the_same_bits():
     # Items the GraphRunner runs op by op (replay off here; in general: iterations not replayed)
     # run with one thread where the block recorded for them found that each of their kernels gives
