@@ -526,10 +526,6 @@ bool large_for_threads(const c10::IValue& v) {
   return large;
 }
 
-}  // namespace
-
-namespace {
-
 // The argument of `item` that a kernel of its decomposition takes, by name, as argument `i`
 // (value `v`), where nothing else can have kept it: BatchNorm's momentum, which only updates the
 // running statistics (the backward does not take it). With `momentum=None` nn.BatchNorm passes
