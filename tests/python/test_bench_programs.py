@@ -37,10 +37,21 @@ def isolated_global_state():
         torch.set_grad_enabled(saved[4])
 
 
-def _eager(mod):
+def _eager(mod, steps=STEPS):
     state = mod.make(0)
-    mod.train(state, STEPS)
+    mod.train(state, steps)
     return {k: v.detach().clone() for k, v in mod.final_state(state).items()}
+
+
+def _terra_as_eager(mod, steps=STEPS):
+    """(ok, detail): the final state after `steps` steps under terra.run, bitwise against eager's."""
+    import terra
+    ref = _eager(mod, steps)
+    terra.reset()
+    state = mod.make(0)
+    terra.run(mod.train, state, steps)
+    terra.sync()
+    return _common.compare(ref, mod.final_state(state), bitwise=True)
 
 
 def test_layout():
@@ -70,12 +81,7 @@ def test_eager_deterministic(name):
 def test_terra_bitwise_equal(name):
     import terra
     mod = importlib.import_module(f"bench.programs.{name}")
-    ref = _eager(mod)
-    terra.reset()
-    state = mod.make(0)
-    terra.run(mod.train, state, STEPS)
-    terra.sync()
-    ok, detail = _common.compare(ref, mod.final_state(state), bitwise=True)
+    ok, detail = _terra_as_eager(mod)
     assert ok, f"{name} under terra.run differs from eager after {STEPS} steps: {detail}; explain: {terra.explain()}"
 
 
@@ -84,15 +90,7 @@ def test_tabular_mlp_over_an_epoch_boundary_bitwise_equal_and_replayed():
     # .item() logs, dropout draws in every step, and a StepLR learning rate that the optimizer
     # reads as a Python number: the steady iterations run as replayed blocks, bitwise as eager.
     import terra
-    mod = importlib.import_module("bench.programs.tabular_mlp")
-    state = mod.make(0)
-    mod.train(state, 80)
-    ref = {k: v.detach().clone() for k, v in mod.final_state(state).items()}
-    terra.reset()
-    state = mod.make(0)
-    terra.run(mod.train, state, 80)
-    terra.sync()
-    ok, detail = _common.compare(ref, mod.final_state(state), bitwise=True)
+    ok, detail = _terra_as_eager(importlib.import_module("bench.programs.tabular_mlp"), 80)
     assert ok, f"tabular_mlp under terra.run differs from eager after 80 steps: {detail}"
     stats = terra.stats()
     assert stats["iterations_coexecuted"] >= 40, stats

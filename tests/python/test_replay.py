@@ -248,25 +248,31 @@ def test_a_kernel_that_only_allocates_does_not_keep_a_block_to_the_programs_thre
     assert s["not_one_thread_kernel"] != "aten::empty_like", s
 
 
+def fit_sgd(layers, steps, rows, batches):
+    """A torch.nn.Sequential of `layers()` fitted to random targets: SGD with momentum, an MSE
+    loss, `rows` rows taken in `batches` interleaved mini-batches."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*layers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(rows, model[0].in_features), torch.randn(rows, 1)
+    for step in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[step % batches::batches]), y[step % batches::batches]).backward()
+        opt.step()
+    return model
+
+
 def test_activations_with_a_cpu_kernel_and_a_generic_decomposition_are_replayed_bitwise():
     # silu_backward and mish_backward have a CompositeImplicitAutograd kernel for other backends
     # and a CPU kernel of their own: on the CPU each is one recorded kernel, not a decomposition
     # the recording never sees (which had refused every block with "reads a tensor from outside
     # the iteration").
-    def fit(steps):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.SiLU(), torch.nn.Linear(16, 16),
-                                    torch.nn.Mish(), torch.nn.Linear(16, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        x, y = torch.randn(64, 4), torch.randn(64, 1)
-        for step in range(steps):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x[step % 2::2]), y[step % 2::2]).backward()
-            opt.step()
-        return model
+    def layers():
+        return (torch.nn.Linear(4, 16), torch.nn.SiLU(), torch.nn.Linear(16, 16), torch.nn.Mish(),
+                torch.nn.Linear(16, 1))
 
-    eager = fit(30)
-    coexec = terra.run(fit, 30)
+    eager = fit_sgd(layers, 30, rows=64, batches=2)
+    coexec = terra.run(fit_sgd, layers, 30, rows=64, batches=2)
     assert all(torch.equal(p, q) for p, q in zip(eager.parameters(), coexec.parameters()))
     s = terra.stats()
     assert s["blocks_refused"] == 0, s
@@ -279,20 +285,12 @@ def test_batchnorm_running_statistics_are_replayed_with_this_steps_momentum(mome
     # Python number every step, to native_batch_norm inside batch_norm's decomposition. Guarded as
     # recorded, it left the block every iteration (corpus p13: 1 of 46 co-executed iterations
     # replayed); re-read from the item, the running statistics move as eagerly.
-    def fit(steps):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16, momentum=momentum),
-                                    torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        x, y = torch.randn(96, 6), torch.randn(96, 1)
-        for step in range(steps):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x[step % 3::3]), y[step % 3::3]).backward()
-            opt.step()
-        return model
+    def layers():
+        return (torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16, momentum=momentum), torch.nn.ReLU(),
+                torch.nn.Linear(16, 1))
 
-    eager = fit(30)
-    coexec = terra.run(fit, 30)
+    eager = fit_sgd(layers, 30, rows=96, batches=3)
+    coexec = terra.run(fit_sgd, layers, 30, rows=96, batches=3)
     for (name, a), (_, b) in zip(eager.state_dict().items(), coexec.state_dict().items()):
         assert torch.equal(a, b), name  # parameters and running_mean / running_var / num_batches
     s = terra.stats()
