@@ -21,10 +21,12 @@
 #include <torch/csrc/autograd/function.h>  // Node (node.h of its own from torch 2.12 on)
 #include <torch/library.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <typeinfo>
 #include <unordered_set>
@@ -526,19 +528,27 @@ bool large_for_threads(const c10::IValue& v) {
   return large;
 }
 
-// The argument of `item` that a kernel of its decomposition takes, by name, as argument `i`
-// (value `v`), where nothing else can have kept it: BatchNorm's momentum, which only updates the
-// running statistics (the backward does not take it). With `momentum=None` nn.BatchNorm passes
-// 1 / num_batches_tracked, a new number every step, so a guard would leave the block every
-// iteration (corpus p13). -1: none.
+// Python numbers that a kernel inside a decomposition takes from the item's argument of the same
+// name and that no backward takes (so an autograd item's replay may re-read them; other numbers
+// of an autograd item are guarded: its backward's kernels may hold them as constants).
+// BatchNorm's momentum only updates the running statistics; with `momentum=None` nn.BatchNorm
+// passes 1 / num_batches_tracked, a new number every step, and as a guard it left the block every
+// iteration (corpus p13).
+constexpr std::pair<std::string_view, std::string_view> kForwardOnlyNumbers[] = {
+    {"aten::native_batch_norm", "momentum"},
+    {"aten::_native_batch_norm_legit", "momentum"},
+};
+
+// The argument of `item` that kernel argument `i` (value `v`) is, by kForwardOnlyNumbers; -1: none.
 int passed_number(const WorkItem& item, const c10::FunctionSchema& kernel, size_t i, const c10::IValue& v) {
-  if (!v.isDouble() || !item.op || kernel.arguments()[i].name() != "momentum") return -1;
-  const std::string& name = kernel.name();
-  if (name != "aten::native_batch_norm" && name != "aten::_native_batch_norm_legit") return -1;
+  if (!v.isDouble() || !item.op) return -1;
+  const std::string& arg = kernel.arguments()[i].name();
+  const auto listed = [&](const auto& entry) { return entry.first == kernel.name() && entry.second == arg; };
+  if (std::none_of(std::begin(kForwardOnlyNumbers), std::end(kForwardOnlyNumbers), listed)) return -1;
   const auto& args = item.op->schema().arguments();
   for (size_t a = 0; a < args.size() && a < item.args.size(); ++a) {
     const c10::IValue& x = item.args[a];
-    if (args[a].name() == "momentum" && x.isDouble() && same_number(x, v)) return static_cast<int>(a);
+    if (args[a].name() == arg && x.isDouble() && same_number(x, v)) return static_cast<int>(a);
   }
   return -1;
 }
