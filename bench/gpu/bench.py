@@ -143,14 +143,17 @@ def modes_for(make, wanted):
     model, step, static = make()
     out["eager"] = (0.0, lambda n: train(step, n), model)
 
-    if "terra" in wanted:
+    for mode in ("terra", "terra_noreplay"):  # one per process: the setting is process-wide
+        if mode not in wanted:
+            continue
+        terra.config(replay=mode == "terra", accelerator_blocks=True)
         model_t, step_t, _ = make()
         t0 = time.perf_counter()
         terra.run(train, step_t, 3)  # warm-up: trace
         torch.cuda.synchronize()
         # terra.sync(): every op the program issued is on the GPU's queue before the clock stops.
-        out["terra"] = (time.perf_counter() - t0,
-                        lambda n: (terra.run(train, step_t, n), terra.sync()), model_t)
+        out[mode] = (time.perf_counter() - t0,
+                     lambda n, step_t=step_t: (terra.run(train, step_t, n), terra.sync()), model_t)
 
     if "compile" in wanted:
         model_c, step_c, _ = make()
@@ -190,14 +193,16 @@ def modes_for(make, wanted):
     return out
 
 
-MODES = ("terra", "compile", "cuda_graph")
+MODES = ("terra", "terra_noreplay", "compile", "cuda_graph")
 
 
 def measure(name, wanted, steps, rounds):
     """One row: eager and the wanted modes side by side in this process, interleaved rounds."""
     make = PROGRAMS[name]
     row = {"program": name, "modes": list(wanted), "ms_per_step": {}, "setup_s": {}, "errors": {}}
-    if "terra" in wanted:
+    terra_mode = next((m for m in wanted if m.startswith("terra")), None)
+    if terra_mode:
+        terra.config(replay=terra_mode == "terra", accelerator_blocks=True)
         row["terra_vs_eager_20_steps"] = equality(make)
     modes = modes_for(make, wanted)
     times = {m: [] for m, v in modes.items() if callable(v[1])}
@@ -211,11 +216,13 @@ def measure(name, wanted, steps, rounds):
             continue
         row["ms_per_step"][m] = statistics.median(times[m]) * 1e3
         row["setup_s"][m] = setup
-    if "terra" in wanted:
+    if terra_mode:
         stats = terra.stats("train")
         row["terra_stats"] = {k: stats.get(k) for k in ("iterations_traced", "iterations_coexecuted",
                                                           "iterations_replayed", "kernels_replayed",
-                                                          "blocks_refused")}
+                                                          "blocks_recorded", "blocks_refused",
+                                                          "replay_refusal", "replays_left",
+                                                          "replay_left_why")}
     return row
 
 
@@ -226,9 +233,9 @@ def render(rows, meta):
              f"{meta.get('steps')} steps per measurement, medians of {meta.get('rounds')} interleaved rounds, ms "
              "per step; each mode ran in a process of its own beside eager, and its speed-up is over that "
              "eager run. A mode missing from a row failed (see `errors` in the JSON).", "",
-             "| program | eager | Terra | compile(reduce-overhead) | CUDA graph replay "
+             "| program | eager | Terra | Terra, replay off | compile(reduce-overhead) | CUDA graph replay "
              "| Terra iterations traced / co-executed / replayed | parameters after 20 steps, Terra vs eager |",
-             "|---|---:|---:|---:|---:|---|---|"]
+             "|---|---:|---:|---:|---:|---:|---|---|"]
     for name in PROGRAMS:
         mine = [r for r in rows if r["program"] == name]
         if not mine:
@@ -243,12 +250,13 @@ def render(rows, meta):
                     cells[m] = f"{t[m]:.3f} ({t['eager'] / t[m]:.2f}x)"
                 elif m in r["modes"] and m not in cells:
                     cells[m] = "FAIL" if (m in r["errors"] or r.get("failed")) else "n/a"
-            ts = r.get("terra_stats") or ts
-            eq = r.get("terra_vs_eager_20_steps") or eq
+            if "terra" in r["modes"]:  # replay on: the row's counts and equality
+                ts = r.get("terra_stats") or ts
+                eq = r.get("terra_vs_eager_20_steps") or eq
         counts = f"{ts['iterations_traced']} / {ts['iterations_coexecuted']} / {ts['iterations_replayed']}" if ts else "-"
         same = ("-" if eq is None else "bitwise equal" if eq["bitwise"] else f"max abs diff {eq['max_abs_diff']:.3g}")
         base = f"{statistics.median(eager):.3f}" if eager else "FAIL"
-        lines.append(f"| {name} | {base} | {cells.get('terra', 'n/a')} | "
+        lines.append(f"| {name} | {base} | {cells.get('terra', 'n/a')} | {cells.get('terra_noreplay', 'n/a')} | "
                      f"{cells.get('compile', 'n/a')} | {cells.get('cuda_graph', 'n/a')} | {counts} | {same} |")
     return "\n".join(lines) + "\n"
 

@@ -40,14 +40,32 @@ PYTHONUNBUFFERED=1 timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/pyth
   --junitxml="$out/tests_cuda.xml" || status=$?
 echo "CUDA tests done after $(( $(date +%s) - start )) s (status $status)"
 
+# The engine's own tests on that machine's Python and torch (another version than here): first
+# the two that crashed, each in a process of its own (under gdb where it is there), last the rest.
+echo "== crashing engine tests"
+# (Two tests crashed there on 2026-12-04, under torch 2.11 and Python 3.12: run apart, after the
+# others, each in a process of its own.)
+crashes=(tests/python/test_engine.py::test_gradient_accumulation_order_matches_eager_across_threads
+         tests/python/test_engine.py::test_a_loop_that_never_becomes_steady_is_explained_at_the_op_that_changes)
+for t in "${crashes[@]}"; do
+  if command -v gdb > /dev/null; then  # the native stack of a crash, not only Python's
+    PYTHONUNBUFFERED=1 timeout 60 gdb -q -batch -ex "set pagination off" -ex run -ex "bt 40" \
+      --args "$py" -m pytest -q -p no:cacheprovider "$t" 2>&1 | grep -v "^\[New Thread\|^\[Thread .* exited" | tail -60
+  else
+    PYTHONUNBUFFERED=1 timeout 20 "$py" -X faulthandler -m pytest -q -p no:cacheprovider "$t" 2>&1 | tail -30 || status=$?
+  fi
+done
+
 echo "== benchmark"
 # One process per (program, mode) beside eager; a process that dies (a device-side assert ends its
 # CUDA context) is recorded as failed and run again for 20 steps with CUDA_LAUNCH_BLOCKING=1, so
 # its traceback names the op.
-for mode in terra cuda_graph compile; do  # compile's warm-up is the slowest: last
+# GPU_MODES: the modes to measure beside eager (the peers' rows are in bench/results/gpu_bench.md
+# from session 24; a session short of device time measures Terra's alone).
+for mode in ${GPU_MODES:-terra terra_noreplay cuda_graph compile}; do  # compile's warm-up is the slowest: last
   for prog in mlp tiny_lm rnn_python chain; do
     [ "$mode" = cuda_graph ] && [ "$prog" = rnn_python ] && continue  # not static
-    limit=60; [ "$mode" = compile ] && limit=90
+    limit=45; [ "$mode" = compile ] && limit=90
     PYTHONUNBUFFERED=1 timeout $limit "$py" bench/gpu/bench.py --out "$out" --program $prog --modes $mode \
       --steps 200 --rounds 3 > "$out/last.log" 2>&1
     rc=$?
@@ -66,16 +84,8 @@ done
 rm -f "$out/last.log"
 echo "benchmark done after $(( $(date +%s) - start )) s (status $status)"
 
-# Last: the engine's own tests on that machine's Python and torch (another version than here).
 echo "== engine tests"
-# (Two tests crashed there on 2026-12-04, under torch 2.11 and Python 3.12: run apart, after the
-# others, each in a process of its own.)
-crashes=(tests/python/test_engine.py::test_gradient_accumulation_order_matches_eager_across_threads
-         tests/python/test_engine.py::test_a_loop_that_never_becomes_steady_is_explained_at_the_op_that_changes)
 PYTHONUNBUFFERED=1 timeout 80 "$py" -m pytest -q -p no:cacheprovider -rf tests/python/test_engine.py \
   tests/python/test_export.py "${crashes[@]/#/--deselect=}" --junitxml="$out/tests_engine.xml" || status=$?
-for t in "${crashes[@]}"; do
-  PYTHONUNBUFFERED=1 timeout 20 "$py" -X faulthandler -m pytest -q -p no:cacheprovider "$t" 2>&1 | tail -30 || status=$?
-done
 echo "== total $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -40,6 +41,13 @@ namespace {
 constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
 
 thread_local BlockRecorder* t_recorder = nullptr;
+// The recorder of a backward being recorded, for the autograd engine's device thread: an
+// accelerator's backward runs there, not on the GraphRunner thread that called it (the engine
+// carries the GraphRunner's dispatch-key TLS over, so the hook runs there, without `t_recorder`).
+// Set while the GraphRunner waits in that backward (RecordingScope); kernels reach the recorder
+// one at a time under `g_backward_mutex`.
+std::atomic<BlockRecorder*> g_backward_recorder{nullptr};
+std::mutex g_backward_mutex;
 thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
 thread_local int t_depth = 0;  // nesting of kernel calls under the recorded one
 
@@ -63,6 +71,33 @@ bool decomposes(const c10::OperatorHandle& op, c10::DispatchKeySet keys) {
                  !op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional);
   known.emplace(key, d);
   return d;
+}
+
+// Whether a kernel with these arguments runs on the CPU: no argument is a tensor or a device of
+// an accelerator (a factory's device argument; a CPU scalar tensor with a CUDA one runs on CUDA).
+bool on_cpu(c10::ArrayRef<c10::IValue> args) {
+  auto off_cpu = [](const c10::IValue& v) {
+    if (v.isTensor()) return v.toTensor().defined() && !v.toTensor().is_cpu();
+    if (v.isDevice()) return !v.toDevice().is_cpu();
+    return false;
+  };
+  for (const c10::IValue& v : args) {
+    if (off_cpu(v)) return false;
+    if (v.isList()) {  // tensor lists too
+      const auto list = v.toList();
+      for (size_t e = 0; e < list.size(); ++e)
+        if (off_cpu(list.get(e))) return false;
+    }
+  }
+  return true;
+}
+
+// Whether the autograd engine runs `n` on an accelerator's device thread: a gradient it receives
+// lives on an accelerator (its input metadata's device).
+bool node_on_accelerator(const torch::autograd::Node& n) {
+  for (uint32_t i = 0; i < n.num_inputs(); ++i)
+    if (!n.input_metadata(i).device().is_cpu()) return true;
+  return false;
 }
 
 // Whether a kernel with these arguments is known to give the program's bits with one thread
@@ -104,6 +139,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
     return;
   }
   BlockRecorder* r = t_recorder;
+  const bool device_thread = !r && (r = g_backward_recorder.load(std::memory_order_acquire)) != nullptr;
   if (!r) {
     // An item run op by op outside a recording (a RecordingScope without a recorder): a kernel
     // that a recording found to give the same bits with one thread runs with one, as replayed.
@@ -116,12 +152,20 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
     op.redispatchBoxed(below, stack);
     return;
   }
-  if (!kernel || r->refused()) {
+  if (!kernel) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  // Held while the kernel runs: the calls it makes pass through (Nested) without taking it.
+  std::unique_lock<std::mutex> serial(g_backward_mutex, std::defer_lock);
+  if (r->in_backward()) serial.lock();
+  if (r->refused()) {
+    if (serial.owns_lock()) serial.unlock();  // what it calls comes back here as kernels
     op.redispatchBoxed(below, stack);
     return;
   }
   Nested nested;
-  r->kernel_begin(op, below, *stack);
+  r->kernel_begin(op, below, *stack, device_thread);
   const auto start = std::chrono::steady_clock::now();
   {
     OneThread threads(r->one_thread_known());
@@ -301,6 +345,7 @@ struct BlockRecorder::Impl {
   // The one-thread check of the kernel being recorded (check_one_thread): copies of its arguments,
   // and, for a random kernel, the CPU generator's state before it ran (undefined otherwise).
   bool checking = false;
+  bool cpu_kernel = true;  // the kernel being recorded runs on the CPU (on_cpu)
   uint64_t check_key = 0;  // the kernel's signature (verdicts.h)
   uint64_t ran_ns = 0;     // how long the kernel being checked ran when recorded (kernel_end)
   uint64_t checked = 0, reused = 0;
@@ -314,6 +359,13 @@ struct BlockRecorder::Impl {
   bool item_autograd = false;
   bool first_kernel = true;
   std::vector<uint32_t> feeds;  // argument positions the item's own kernel re-reads
+  std::optional<c10::Stream> stream;  // the accelerator stream of the block's items, if any
+  bool accelerators = false;          // items on accelerator streams are recorded
+
+  // Between before_backward and after_backward (written by the GraphRunner thread only while no
+  // backward runs); whether a kernel of it came from the engine's device thread.
+  bool in_backward = false;
+  bool device_kernels = false;
 
   // Autograd histories made by items, until a backward consumes them.
   std::vector<std::pair<uint32_t, NodePtr>> pending;
@@ -375,8 +427,9 @@ struct BlockRecorder::Impl {
   }
 };
 
-BlockRecorder::BlockRecorder(uint64_t graph) : impl_(std::make_unique<Impl>()) {
+BlockRecorder::BlockRecorder(uint64_t graph, bool accelerators) : impl_(std::make_unique<Impl>()) {
   impl_->block.graph = graph;
+  impl_->accelerators = accelerators;
 }
 
 BlockRecorder::~BlockRecorder() = default;
@@ -391,7 +444,13 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
   Impl& m = *impl_;
   if (item.autocast.cpu || item.autocast.cuda) return refuse("autocast");
   if (item.inference_mode) return refuse("inference mode");
-  if (item.stream) return refuse("an accelerator stream");
+  if (item.stream && !m.accelerators)
+    return refuse("an accelerator stream (not yet checked on a device: terra.config(accelerator_blocks=True))");
+  if (item.stream) {
+    // Replayed on the stream of the item being replayed: one stream for the whole block.
+    if (m.stream && *m.stream != *item.stream) return refuse("items on more than one stream");
+    m.stream = item.stream;
+  }
   m.item = &item;
   m.index = static_cast<uint32_t>(m.block.items.size());
   m.item_autograd = autograd;
@@ -556,21 +615,32 @@ int passed_number(const WorkItem& item, const c10::FunctionSchema& kernel, size_
 }  // namespace
 
 void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                                 const torch::jit::Stack& stack) {
+                                 const torch::jit::Stack& stack, bool device_thread) {
   if (refused()) return;
   Impl& m = *impl_;
   if (!m.item) return refuse("a kernel outside an item");
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   TORCH_INTERNAL_ASSERT(stack.size() >= n);
+  if (m.in_backward) {
+    // A backward's kernels run on one thread: the GraphRunner's (the CPU's nodes, and the
+    // gradients the engine makes for the roots before it starts) or the device thread's. Kernels
+    // of the GraphRunner's after the device thread's would be a backward on two devices, whose
+    // order between the threads is not fixed (refused before it starts: before_backward).
+    if (device_thread) m.device_kernels = true;
+    else if (m.device_kernels) return refuse("a backward on two threads");
+  }
   RecordedKernel k;
   k.op = &op;
   k.keys = keys;
+  // Intra-op threads decide nothing for an accelerator's kernel: never checked, never spread.
+  m.cpu_kernel = on_cpu(c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - n, n));
   bool in_place = false;
   if (const auto e = ElementwiseReplay::covered(op, &in_place);
       e != ElementwiseReplay::Op::None && keys.highestPriorityTypeId() == c10::DispatchKey::CPU)
     k.elementwise = std::make_shared<ElementwiseReplay>(e, in_place);
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) k.spread = k.spread || large_for_threads(stack[i]);
+  for (size_t i = stack.size() - n; i < stack.size() && m.cpu_kernel; ++i)
+    k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
   // The item's own op, first: its Python numbers are re-read from the item (feeds), unless
   // autograd may have kept them for the backward (then they are guarded instead).
@@ -641,7 +711,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   // arguments (check_one_thread), kernel by kernel: a replay runs each with one thread or with
   // the program's count, as its check found. A kernel that only allocates (its output's bits are
   // whatever the memory held) has nothing to compare and nothing to split.
-  m.checking = m.item->num_threads > 1 && !only_allocates(op);
+  m.checking = m.cpu_kernel && m.item->num_threads > 1 && !only_allocates(op);
   m.check_key = 0;
   if (m.checking) {
     m.check_key = kernel_signature(op, keys, m.item->num_threads,
@@ -670,7 +740,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
 
 bool BlockRecorder::one_thread_known() const {
   // Not being checked (known from a verdict, or it only allocates) and found the same.
-  return !refused() && !impl_->checking && impl_->block.kernels.back().one_thread;
+  return !refused() && impl_->cpu_kernel && !impl_->checking && impl_->block.kernels.back().one_thread;
 }
 
 bool BlockRecorder::only_allocates(const c10::OperatorHandle& op) {
@@ -821,8 +891,12 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
   Impl& m = *impl_;
   m.leaves.clear();
   m.reached.clear();
+  bool cpu_nodes = false, device_nodes = false;
   walk_autograd_graph(root_nodes(roots), [&](torch::autograd::Node& n) {
     m.reached.insert(&n);
+    // The engine runs a node on the thread of its gradients' device: the CPU's on the calling
+    // thread, an accelerator's on that device's thread.
+    (node_on_accelerator(n) ? device_nodes : cpu_nodes) = true;
     // Retain-grad hooks too: they store a non-leaf's gradient, an effect the replay would lack.
     if (node_runs_python(n) || !n.retains_grad_hooks().empty()) {
       refuse("a hook or Python code in the backward");
@@ -853,11 +927,18 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
     m.leaves.push_back(std::move(g));
     return true;
   });
+  if (refused()) return;
+  if (cpu_nodes && device_nodes) return refuse("a backward on the CPU and an accelerator");
+  m.in_backward = true;
+  m.device_kernels = false;
 }
 
+bool BlockRecorder::in_backward() const { return impl_->in_backward; }
+
 void BlockRecorder::after_backward() {
-  if (refused()) return;
   Impl& m = *impl_;
+  m.in_backward = false;
+  if (refused()) return;
   ItemPlan& p = m.block.items.back();
   for (const Impl::LeafGrad& g : m.leaves) {
     const at::Tensor& grad = g.variable.grad();
@@ -942,8 +1023,12 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
 
 std::unique_ptr<Block> BlockRecorder::finish() {
   Impl& m = *impl_;
-  if (!refused() && !m.pending.empty())
-    refuse("autograd history that no backward of the iteration consumes");
+  for (const auto& [item, node] : m.pending) {
+    uint32_t& covered = m.block.items[item].covered_by;
+    if (covered != 0 && covered != ItemPlan::kNoBackward)
+      refuse("autograd history of one item that a backward of the iteration consumes in part");
+    covered = ItemPlan::kNoBackward;
+  }
   if (!refused() && m.block.items.empty()) refuse("an empty iteration");
   if (refused()) return nullptr;
   auto block = std::make_unique<Block>(std::move(m.block));
@@ -991,10 +1076,25 @@ void install_record_hook() {
 struct RecordingScope::Impl {
   c10::impl::IncludeDispatchKeyGuard include{kRecordKey};
   BlockRecorder* previous = t_recorder;
+  bool shared = false;  // made this recorder the device thread's (g_backward_recorder)
 };
 
-RecordingScope::RecordingScope(BlockRecorder* r) : impl_(std::make_unique<Impl>()) { t_recorder = r; }
-RecordingScope::~RecordingScope() { t_recorder = impl_->previous; }
+RecordingScope::RecordingScope(BlockRecorder* r) : impl_(std::make_unique<Impl>()) {
+  t_recorder = r;
+  if (r && r->in_backward()) {
+    g_backward_recorder.store(r, std::memory_order_release);
+    impl_->shared = true;
+  }
+}
+
+RecordingScope::~RecordingScope() {
+  t_recorder = impl_->previous;
+  if (impl_->shared) {
+    // A device-thread kernel still between begin and end holds the mutex (a backward that threw).
+    std::lock_guard<std::mutex> lock(g_backward_mutex);
+    g_backward_recorder.store(nullptr, std::memory_order_release);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Replay

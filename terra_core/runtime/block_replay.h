@@ -19,8 +19,11 @@
 // the iteration keeps the autograd route) where replaying could differ from eager execution: a
 // tensor from outside the iteration that no item names, a generator object, a kernel returning a
 // host value inside a decomposition, hooks or Python in the backward, retain_graph/create_graph,
-// autocast, inference mode, accelerator streams, tensor subclasses, conjugate/negative views,
-// autograd history that no backward of the iteration consumes, leaves made inside it.
+// autocast, inference mode, items on more than one accelerator stream, a backward on the CPU and an
+// accelerator, tensor subclasses, conjugate/negative views, autograd history that no backward of
+// the iteration consumes, leaves made inside it. An accelerator's backward runs on the autograd
+// engine's device thread, whose kernels the hook records too (the engine carries the dispatch-key
+// TLS over); they are replayed on the GraphRunner thread, on the block's stream.
 //
 // Replay. An iteration whose items follow the recorded block runs its kernels through
 // `redispatchBoxed` with the recorded dispatch keys (below autograd, so no autograd nodes and no
@@ -102,7 +105,11 @@ struct ItemPlan {
   const c10::OperatorHandle* op = nullptr;
   // Ran through autograd when recorded and its history is consumed by the backward at item
   // `covered_by`: replayed only when every item up to that one is known to follow the block.
+  // History that no backward of the iteration consumed (`kNoBackward`: a generator's output
+  // detached for the discriminator's step) is made again: the item is bound (BlockReplayer::bind)
+  // every time, so a tensor the program keeps has eager's autograd graph for a later backward.
   bool autograd = false;
+  static constexpr uint32_t kNoBackward = UINT32_MAX;
   uint32_t covered_by = 0;
   struct Load {
     uint32_t arg = 0;   // argument position
@@ -164,7 +171,8 @@ struct Block {
 // ordinary execution; the dispatcher hook calls `kernel_begin`/`kernel_end` while `active()`.
 class BlockRecorder {
  public:
-  explicit BlockRecorder(uint64_t graph);
+  // `accelerators`: items on an accelerator stream are recorded (else the block is refused).
+  BlockRecorder(uint64_t graph, bool accelerators);
   ~BlockRecorder();
   // `args`: the item's arguments with placeholders resolved. `autograd`: it takes the autograd
   // route (the caller's decision).
@@ -175,7 +183,10 @@ class BlockRecorder {
   // which forward items' histories it consumes.
   void before_backward(const std::vector<at::Tensor>& roots, bool retain_graph, bool create_graph);
   void after_backward();
-  void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args);
+  bool in_backward() const;  // between the two
+  // `device_thread`: called on the autograd engine's device thread during a backward.
+  void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args,
+                    bool device_thread = false);
   void kernel_end(const torch::jit::Stack& returns, uint64_t ran_ns);  // ran_ns: how long it ran
   // After kernel_end: runs the kernel again on copies of its arguments with one thread.
   void check_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& returns);

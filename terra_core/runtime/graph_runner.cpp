@@ -432,7 +432,7 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
     b.replayer.start(*e.block);
     b.state = BlockStore::State::Replaying;
   } else if (e.refusals < BlockStore::kMaxRefusals) {
-    b.recorder = std::make_unique<BlockRecorder>(item.graph);
+    b.recorder = std::make_unique<BlockRecorder>(item.graph, accelerator_blocks_.load(std::memory_order_relaxed));
     b.state = BlockStore::State::Recording;
   }
 }
@@ -484,6 +484,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   // through autograd with their kernels bound to the block, until an item without autograd
   // history (the backward) is replayed again.
   if (b.binding && p.autograd) return bind(item, b);
+  if (p.autograd && p.covered_by == ItemPlan::kNoBackward) return bind(item, b, /*alone=*/true);
   b.binding = false;
   if (p.kind == OpKind::Backward && !looked_ahead && !b.replayer.grads_as_recorded(index, earlier))
     return leave("grads", true);
@@ -530,9 +531,11 @@ bool GraphRunner::extra_grad_read(WorkItem& item) {
   return true;
 }
 
-bool GraphRunner::bind(WorkItem& item, BlockStore& b) {
-  b.binding = true;
-  b.bound = true;
+bool GraphRunner::bind(WorkItem& item, BlockStore& b, bool alone) {
+  if (!alone) {
+    b.binding = true;
+    b.bound = true;
+  }
   use_threads(item.num_threads);
   const bool ok = b.replayer.bind(item, [this](WorkItem& w) { run_per_op(w, nullptr); });
   ++b.items_bound;

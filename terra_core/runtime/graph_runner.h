@@ -177,7 +177,11 @@ class GraphRunner {
   double cpu_seconds() const { return thread_clock_ok_ ? cpu_clock_seconds(thread_clock_) : -1.0; }
 
   // Block replay (block_replay.h): on by default; set by the Python thread.
-  void set_replay(bool on) { replay_.store(on, std::memory_order_relaxed); }
+  // `accelerators`: blocks on accelerator streams too (Policy::accelerator_blocks).
+  void set_replay(bool on, bool accelerators = false) {
+    replay_.store(on, std::memory_order_relaxed);
+    accelerator_blocks_.store(accelerators, std::memory_order_relaxed);
+  }
   struct ReplayCounts {
     uint64_t iterations = 0;  // co-executed iterations replayed whole
     uint64_t items = 0;       // items replayed
@@ -225,7 +229,9 @@ class GraphRunner {
   // replays `item` if it follows the block (false: run it op by op).
   void start_iteration(const WorkItem& item, uint64_t seq);
   bool replay(WorkItem& item, uint64_t seq);
-  bool bind(WorkItem& item, BlockStore& b);  // BlockReplayer::bind; true: the item ran
+  // BlockReplayer::bind; true: the item ran. `alone`: only this item (its history is consumed by
+  // no backward of the block), not the forward up to the block's backward.
+  bool bind(WorkItem& item, BlockStore& b, bool alone = false);
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
   void flush_counts();                        // the iteration's tallies into counts_
@@ -239,6 +245,7 @@ class GraphRunner {
     return w != 0 && w > done_.load();
   }
   std::atomic<bool> replay_{true};
+  std::atomic<bool> accelerator_blocks_{false};
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
   mutable std::mutex counts_mutex_;

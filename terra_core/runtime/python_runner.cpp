@@ -499,7 +499,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_active(true);
     runner_team_ = true;
   }
-  if (want == Mode::CoExec) runner().set_replay(policy_.replay);
+  if (want == Mode::CoExec) runner().set_replay(policy_.replay, policy_.accelerator_blocks);
   spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
                                            (choosing_spin() && graph_->workers_asleep));
   graph_->iterations_workers_asleep += spin_limited_;
@@ -628,6 +628,11 @@ Policy::WorkerSpin Policy::worker_spin_from_env() {
 bool Policy::on_unless_zero(const char* env) {
   const char* value = std::getenv(env);
   return !(value && std::string(value) == "0");
+}
+
+bool Policy::on_if_one(const char* env) {
+  const char* value = std::getenv(env);
+  return value && std::string(value) == "1";
 }
 
 namespace {

@@ -51,6 +51,10 @@ struct Policy {
   // The GraphRunner replays recorded iterations below autograd (block_replay.h). The default
   // comes from TERRA_REPLAY (0: off).
   bool replay = on_unless_zero("TERRA_REPLAY");
+  // Blocks whose items run on an accelerator stream are recorded and replayed too (their
+  // backward's kernels come from the autograd engine's device thread). Off until a device run
+  // has checked them against eager execution; TERRA_ACCELERATOR_BLOCKS=1 turns it on by default.
+  bool accelerator_blocks = on_if_one("TERRA_ACCELERATOR_BLOCKS");
   // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
   bool fast_path = on_unless_zero("TERRA_FAST_PATH");
@@ -65,6 +69,7 @@ struct Policy {
   static std::optional<WorkerSpin> parse_worker_spin(const std::string& name);
   // A default from the environment: on unless the variable is "0".
   static bool on_unless_zero(const char* env);
+  static bool on_if_one(const char* env);  // off unless the variable is "1"
   static WorkerSpin worker_spin_from_env();
 };
 

@@ -381,7 +381,8 @@ def config(**settings):
     eager's time), payoff_check_budget (the faster mode is held long enough that re-timing
     the slower one costs at most this share of the time; default 0.03) and replay (the
     GraphRunner replays recorded iterations below autograd; TERRA_REPLAY=0 turns it off by
-    default) and fast_path (hot Tensor methods and torch functions enter the engine without
+    default), accelerator_blocks (blocks of items on CUDA streams are replayed too: off until
+    checked on a device, TERRA_ACCELERATOR_BLOCKS=1 turns it on by default) and fast_path (hot Tensor methods and torch functions enter the engine without
     PyTorch's argument parser and dispatcher while co-executing; TERRA_FAST_PATH=0 turns it off
     by default) and worker_spin (what the GraphRunner's idle OpenMP workers do while
     co-executing: "spin" as eager's do, "sleep" soon after each parallel region, leaving the
