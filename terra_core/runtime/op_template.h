@@ -105,6 +105,16 @@ struct OpTemplate {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> grads_after;
   bool backward_traced = false;
   bool grads_after_stable = true;
+  // Co-executed runs created a gradient of a leaf not in `grads_after` (another model than the
+  // traced one) in two iterations (`unpredicted`: such leaves seen once; a leaf made anew every
+  // iteration, a perturbation with requires_grad=True, is never seen twice): the next run is
+  // traced again to learn the new set (PythonRunner::coexec_op). Off for good where a relearning
+  // is asked for again within kRelearnSpan iterations (models alternating every few steps).
+  bool relearn = false;
+  bool relearn_off = false;
+  uint64_t relearned_iteration = 0;  // PythonRunner::iteration_serial_ of the last one (0: none)
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> unpredicted;
+  static constexpr uint64_t kRelearnSpan = 16;
   // Backward only: it runs Python code (hooks, a custom Function's backward), so during
   // co-execution it runs in the program's thread after the GraphRunner has caught up.
   bool runs_python = false;

@@ -237,6 +237,9 @@ class PythonRunner {
   // co-executing (zero_grad's default set_to_none) is read through an item: answering those
   // directly once a fetch had drained the GraphRunner made such programs slower (corpus p10, p12,
   // p24: whole-program 1.0-1.7x eager's time became 2.3-2.8x; not understood).
+  // A fetch found that `backward` created the gradient of `leaf` without predicting it
+  // (OpTemplate::relearn).
+  static void note_unpredicted(OpTemplate& backward, const at::Tensor& leaf);
   uint32_t choose_grad_read(const std::vector<uint32_t>& candidates, const at::Tensor& t,
                             bool* settled);
   void note_grads(uint32_t node, const torch::jit::Stack& args, const torch::jit::Stack& returns,
@@ -277,6 +280,8 @@ class PythonRunner {
   size_t live_prune_at_ = kLivePruneSlack;  // prune `live_` of dead entries past this size
   static constexpr size_t kLivePruneSlack = 256;
   uint64_t last_external_write_ = 0;
+  // The Backward node of the item at last_external_write_ (kNoNode: another kind of write).
+  uint32_t last_write_backward_ = UINT32_MAX;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host
   // scalars (Adam's step counter) that the GraphRunner never touches are updated and read in the
   // Python thread at once, so `.item()` on them never waits.

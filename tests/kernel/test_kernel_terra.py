@@ -89,10 +89,12 @@ def test_rerunning_a_cell_grows_one_graph(kc):
         assert len(graphs) == 1, graphs
         counts.append(next(iter(graphs.values())))
     assert counts[0]["nodes"] == counts[2]["nodes"]  # nothing new recorded on re-runs
-    # Re-runs co-execute every loop iteration (only the short code around the loop may still be
-    # traced while it warms up).
-    assert counts[1]["iterations_coexecuted"] - counts[0]["iterations_coexecuted"] >= 20
-    assert counts[2]["iterations_coexecuted"] - counts[1]["iterations_coexecuted"] >= 20
+    # Re-runs co-execute every loop iteration but one (only the short code around the loop may
+    # still be traced while it warms up): the cell makes a new model, and the backward reaching
+    # its parameters is traced once to learn which gradients it creates (OpTemplate::relearn),
+    # instead of a wait for the GraphRunner at every gradient read of every later step.
+    assert counts[1]["iterations_coexecuted"] - counts[0]["iterations_coexecuted"] >= 19
+    assert counts[2]["iterations_coexecuted"] - counts[1]["iterations_coexecuted"] >= 19
 
 
 def test_function_from_an_earlier_cell(kc):
