@@ -886,7 +886,8 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
     } else {
       b.backward_traced = false;  // learning them is not a change of path
       b.relearned_iteration = iteration_serial_;
-      diverge("the leaves this backward reaches are not the traced ones (a new model?)", op_name(op, name));
+      diverge("the leaves this backward reaches are not the traced ones (a new model?)", op_name(op, name),
+              /*new_path=*/false);
       return false;
     }
   }
@@ -1509,11 +1510,13 @@ void PythonRunner::opaque_begin(const std::string& reason, const std::string& wh
 
 void PythonRunner::opaque_end() { resume(); }
 
-void PythonRunner::diverge(const std::string& reason, const std::string& op) {
+void PythonRunner::diverge(const std::string& reason, const std::string& op, bool new_path) {
   note_fallback(reason, op);
   auto& root = graph_->roots[boundary_];
-  ++root.divergences;
-  root.stable = 0;
+  if (new_path) {
+    ++root.divergences;
+    root.stable = 0;
+  }
   const int64_t start = now_ns();
   mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
   catch_up();

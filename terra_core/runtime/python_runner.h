@@ -164,7 +164,9 @@ class PythonRunner {
   bool prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack);
   void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
-  void diverge(const std::string& reason, const std::string& op);
+  // `new_path`: the program left the traced paths (counted against Policy::max_divergences);
+  // false: a known path traced again to learn something (OpTemplate::relearn).
+  void diverge(const std::string& reason, const std::string& op, bool new_path = true);
   void note_fallback(const std::string& reason, const std::string& op);
   void explain_unsteady();  // a loop traced kUnsteadyRunToExplain times, each adding ops
   // A Python-lane span of the current iteration (timeline.h).
