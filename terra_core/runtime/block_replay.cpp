@@ -44,8 +44,9 @@ thread_local BlockRecorder* t_recorder = nullptr;
 // The recorder of a backward being recorded, for the autograd engine's device thread: an
 // accelerator's backward runs there, not on the GraphRunner thread that called it (the engine
 // carries the GraphRunner's dispatch-key TLS over, so the hook runs there, without `t_recorder`).
-// Set while the GraphRunner waits in that backward (RecordingScope); kernels reach the recorder
-// one at a time under `g_backward_mutex`.
+// Set while the GraphRunner waits in a backward with an accelerator's nodes (RecordingScope);
+// its kernels reach the recorder one at a time under `g_backward_mutex`. A CPU backward runs on
+// the GraphRunner thread alone and takes neither.
 std::atomic<BlockRecorder*> g_backward_recorder{nullptr};
 std::mutex g_backward_mutex;
 thread_local BlockReplayer* t_binder = nullptr;  // binding an item's kernels (BlockReplayer::bind)
@@ -158,7 +159,7 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   }
   // Held while the kernel runs: the calls it makes pass through (Nested) without taking it.
   std::unique_lock<std::mutex> serial(g_backward_mutex, std::defer_lock);
-  if (r->in_backward()) serial.lock();
+  if (r->device_backward()) serial.lock();
   if (r->refused()) {
     if (serial.owns_lock()) serial.unlock();  // what it calls comes back here as kernels
     op.redispatchBoxed(below, stack);
@@ -362,9 +363,10 @@ struct BlockRecorder::Impl {
   std::optional<c10::Stream> stream;  // the accelerator stream of the block's items, if any
   bool accelerators = false;          // items on accelerator streams are recorded
 
-  // Between before_backward and after_backward (written by the GraphRunner thread only while no
-  // backward runs); whether a kernel of it came from the engine's device thread.
-  bool in_backward = false;
+  // Between before_backward and after_backward of a backward with an accelerator's nodes (written
+  // by the GraphRunner thread only while no backward runs); whether a kernel of it came from the
+  // engine's device thread.
+  bool device_backward = false;
   bool device_kernels = false;
 
   // Autograd histories made by items, until a backward consumes them.
@@ -444,9 +446,9 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
   Impl& m = *impl_;
   if (item.autocast.cpu || item.autocast.cuda) return refuse("autocast");
   if (item.inference_mode) return refuse("inference mode");
-  if (item.stream && !m.accelerators)
-    return refuse("an accelerator stream (not yet checked on a device: terra.config(accelerator_blocks=True))");
   if (item.stream) {
+    if (!m.accelerators)
+      return refuse("an accelerator stream (not yet checked on a device: terra.config(accelerator_blocks=True))");
     // Replayed on the stream of the item being replayed: one stream for the whole block.
     if (m.stream && *m.stream != *item.stream) return refuse("items on more than one stream");
     m.stream = item.stream;
@@ -622,11 +624,11 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   TORCH_INTERNAL_ASSERT(stack.size() >= n);
-  if (m.in_backward) {
-    // A backward's kernels run on one thread: the GraphRunner's (the CPU's nodes, and the
-    // gradients the engine makes for the roots before it starts) or the device thread's. Kernels
-    // of the GraphRunner's after the device thread's would be a backward on two devices, whose
-    // order between the threads is not fixed (refused before it starts: before_backward).
+  if (m.device_backward) {
+    // Its kernels run on the device thread, after the gradients the engine makes for the roots on
+    // the GraphRunner's. Kernels of the GraphRunner's after the device thread's would be a
+    // backward on two devices, whose order between the threads is not fixed (refused before it
+    // starts: before_backward).
     if (device_thread) m.device_kernels = true;
     else if (m.device_kernels) return refuse("a backward on two threads");
   }
@@ -929,15 +931,15 @@ void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool r
   });
   if (refused()) return;
   if (cpu_nodes && device_nodes) return refuse("a backward on the CPU and an accelerator");
-  m.in_backward = true;
+  m.device_backward = device_nodes;
   m.device_kernels = false;
 }
 
-bool BlockRecorder::in_backward() const { return impl_->in_backward; }
+bool BlockRecorder::device_backward() const { return impl_->device_backward; }
 
 void BlockRecorder::after_backward() {
   Impl& m = *impl_;
-  m.in_backward = false;
+  m.device_backward = false;
   if (refused()) return;
   ItemPlan& p = m.block.items.back();
   for (const Impl::LeafGrad& g : m.leaves) {
@@ -1081,7 +1083,7 @@ struct RecordingScope::Impl {
 
 RecordingScope::RecordingScope(BlockRecorder* r) : impl_(std::make_unique<Impl>()) {
   t_recorder = r;
-  if (r && r->in_backward()) {
+  if (r && r->device_backward()) {
     g_backward_recorder.store(r, std::memory_order_release);
     impl_->shared = true;
   }

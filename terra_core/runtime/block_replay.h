@@ -183,7 +183,8 @@ class BlockRecorder {
   // which forward items' histories it consumes.
   void before_backward(const std::vector<at::Tensor>& roots, bool retain_graph, bool create_graph);
   void after_backward();
-  bool in_backward() const;  // between the two
+  // Between the two, for a backward with an accelerator's nodes (run on the engine's device thread).
+  bool device_backward() const;
   // `device_thread`: called on the autograd engine's device thread during a backward.
   void kernel_begin(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& args,
                     bool device_thread = false);

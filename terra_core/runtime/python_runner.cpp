@@ -852,7 +852,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
         wait_for(last_external_write_);
         raise_if_failed();
         // A backward made it without predicting it (its traced leaves are another model's):
-        // that backward is traced again next time, to learn its leaves (at most kMaxRelearns).
+        // seen in two iterations, that backward is traced again to learn its leaves.
         if (t.is_leaf() && t.grad().defined() && last_write_backward_ != kNoNode)
           note_unpredicted(graph_->nodes[last_write_backward_].tmpl, t);
         grad_defined_.insert_or_assign(
@@ -1018,7 +1018,7 @@ void PythonRunner::snapshot_grads() {
 }
 
 void PythonRunner::note_unpredicted(OpTemplate& backward, const at::Tensor& leaf) {
-  if (backward.kind != OpKind::Backward || backward.relearn_off) return;
+  if (backward.relearn_off) return;
   auto& seen = backward.unpredicted;
   for (const auto& w : seen) {
     if (w._unsafe_get_target() == leaf.unsafeGetTensorImpl() && !w.expired()) {
