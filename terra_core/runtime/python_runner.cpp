@@ -6,6 +6,7 @@
 #include "terra/location_key.h"
 #include "timeline.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
@@ -434,7 +435,7 @@ double PythonRunner::coexec_seconds(double span_seconds) {
   // p26 with 1 intra-op thread: co-executed for 5.9x eager's step time). So iteration k ends,
   // for the payoff check, once the GraphRunner has also finished iteration k-1: the gaps between
   // those moments are the pipeline's throughput, and the program keeps one iteration of lead.
-  wait_for(completed_seq_);
+  wait_for(completed_seq_, "iteration end (payoff timing)");
   const int64_t done = now_ns();
   const bool follows = completed_ns_ != 0 && previous_mode_ == Mode::CoExec;
   const double seconds = follows ? static_cast<double>(done - completed_ns_) * 1e-9 : span_seconds;
@@ -739,7 +740,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
                             uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
   if (has_placeholder(*stack)) {
     // Left over from co-execution (e.g. a placeholder without a Python object): use its value.
-    wait_for(runner().issued());
+    wait_for(runner().issued(), "a placeholder left from co-execution");
     for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   }
   uint32_t node = kNoNode;
@@ -849,7 +850,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
       node = choose_grad_read(it->second, t, &settled);
       if (node == kNoNode && !as_placeholder(t)) {
         // Whether the gradient exists depends on the path the backward took: ask the GraphRunner.
-        wait_for(last_external_write_);
+        wait_for(last_external_write_, "whether .grad exists");
         raise_if_failed();
         // A backward made it without predicting it (its traced leaves are another model's):
         // seen in two iterations, that backward is traced again to learn its leaves.
@@ -943,6 +944,10 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
         break;
       }
       if (kind == OpKind::Aten && run_here(t, stack, exec)) {
+        ++graph_->host_ops;
+        break;
+      }
+      if (kind == OpKind::Aten && run_view_here(t, stack, exec)) {
         ++graph_->host_ops;
         break;
       }
@@ -1257,7 +1262,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   if (wait_done) {
     // The op writes or aliases memory the program may change itself: it runs now, and its
     // outputs are real tensors over that memory, which later ops then see as such.
-    wait_for(seq);
+    wait_for(seq, t.name);
     for (const c10::IValue& v : *stack) for_each_tensor(v, [&](const at::Tensor& x) { fill(x); });
   }
   r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
@@ -1271,6 +1276,26 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   }
 }
 
+namespace {
+
+// No two elements of `t` share memory (ATen's has_internal_overlap answers "too hard" for any
+// tensor that is not dense): dims ordered by stride, each stride passes the span of the smaller.
+bool non_overlapping(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return true;
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size) of dims with size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // the largest offset the smaller dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return false;
+    span += stride * (size - 1);
+  }
+  return true;
+}
+
+}  // namespace
+
 bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack) {
   // Two things the GraphRunner cannot see happen to arguments outside the dispatcher, checked in
   // one pass over them:
@@ -1280,8 +1305,8 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
   //   after a divergence alike. Given the value, it ran the op without history (an error: the
   //   output was traced requiring grad).
   // - An argument over memory the program changes without ops (python_memory) is read as it is
-  //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a list
-  //   or a large one (a dataset from from_numpy indexed each step: a copy would be a pass over all
+  //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a list,
+  //   one whose elements overlap (an expanded one) or a large one (a dataset from from_numpy indexed each step: a copy would be a pass over all
   //   of it per op) is not copied; the op runs before the program goes on (returns true).
   constexpr size_t kCopyBytes = size_t{1} << 20;
   bool run_now = false;
@@ -1301,12 +1326,16 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
     if (!python_memory(x)) continue;
     bool aliased = !t.op || alias_info(t, i);
     for (const OutSpec& o : t.outs) aliased = aliased || o.view || o.alias_arg == static_cast<int>(i);
-    if (aliased || !x.is_non_overlapping_and_dense() || x.nbytes() > kCopyBytes) {
+    // The copy has the tensor's sizes and strides (as validated), over a buffer of its own: a
+    // column slice of a batch too (detector_numpy_nms's box targets, `t[..., 1:3]`, made every
+    // loss op wait for all the work before it).
+    if (aliased || !non_overlapping(x) ||
+        at::detail::computeStorageNbytes(x.sizes(), x.strides(), x.itemsize()) > kCopyBytes) {
       run_now = true;
       continue;
     }
     c10::impl::ExcludeDispatchKeyGuard below(kTerraKey);
-    v = x.clone(at::MemoryFormat::Preserve);  // same sizes and strides, as validated
+    v = at::empty_strided(x.sizes(), x.strides(), x.options()).copy_(x);
   }
   return run_now;
 }
@@ -1391,12 +1420,33 @@ bool PythonRunner::run_here(const OpTemplate& t, torch::jit::Stack* stack, const
   if (t.random && last_random_item_ != 0) {
     if (random_item_iteration_ == iteration_serial_ || runner().issued() - last_random_item_ < kRandomLead)
       return false;
-    wait_for(last_random_item_, &t.name);
+    wait_for(last_random_item_, t.name);
     raise_if_failed();
   }
   if (runner_) advance_sequence(runner_->sequence());
   exec(stack);
   note_own_made(t, *stack, /*inputs_own_made=*/true);
+  return true;
+}
+
+bool PythonRunner::run_view_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
+  if (t.mutates_input || t.random || t.outs.empty()) return false;
+  for (const OutSpec& o : t.outs)
+    if (!o.view) return false;
+  bool python = false;
+  for (const c10::IValue& v : *stack) {
+    if (!v.isTensor()) {
+      if (v.isTensorList() || v.isList()) return false;
+      continue;
+    }
+    const at::Tensor& x = v.toTensor();
+    // Without autograd history: the view's own (an autograd view node) would be made here.
+    if (!x.defined() || as_placeholder(x) || x.requires_grad() || !x.device().is_cpu()) return false;
+    python = python || python_memory(x);
+  }
+  if (!python) return false;
+  if (runner_) advance_sequence(runner_->sequence());
+  exec(stack);
   return true;
 }
 
@@ -1420,7 +1470,7 @@ bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, co
     if (it != scalar_use_.end()) need = std::max(need, it->second.write);
   }
   if (!any) return false;
-  wait_for(need);
+  wait_for(need, t.name);
   if (runner_) advance_sequence(runner_->sequence());
   exec(stack);
   return true;
@@ -1439,21 +1489,21 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
     writes_shared = writes_shared || !t.op || (info && info->isWrite());
   }
   if (t.mutates_input && writes_shared) need = runner().issued();
-  wait_for(need, &t.name);
+  wait_for(need, t.name);
   raise_if_failed();
   for (c10::IValue& v : *stack) v = resolve_placeholders(v);
   advance_sequence(runner().sequence());
   exec(stack);
 }
 
-void PythonRunner::wait_for(uint64_t seq, const std::string* what) {
+void PythonRunner::wait_for(uint64_t seq, std::string_view what) {
   if (!runner_ || runner_->done() >= seq) return;
   const int64_t start = now_ns();
   {
     GilReleased unlocked;
     runner_->wait_for(seq);
   }
-  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns(), what ? *what : std::string());
+  if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns(), std::string(what));
 }
 
 namespace {
@@ -1565,7 +1615,7 @@ void PythonRunner::take_team_back(bool always) {
     runner_team_ = false;
     limit_openmp_spinning(false);  // released meanwhile, by the limiter's thread
   }
-  wait_for(seq);
+  wait_for(seq, "the OpenMP team's move");
   if (move) settle_openmp_spinning();
 }
 
@@ -1588,7 +1638,7 @@ void PythonRunner::materialize_all() {
 void PythonRunner::fill(const at::Tensor& t) {
   auto* p = as_placeholder(t);
   if (!p) return;
-  wait_for(needed_seq(t));
+  wait_for(needed_seq(t), "a tensor's value");
   if (!p->slot()->value.defined()) return;  // never computed (the GraphRunner failed)
   p->become(placeholder_value(*p));
 }
@@ -1599,7 +1649,7 @@ void PythonRunner::materialize(PyObject* obj) {
   if (as_placeholder(t)) {
     fill(t);
   } else {
-    wait_for(needed_seq(t));  // a real tensor (a parameter, say) may have writes in flight
+    wait_for(needed_seq(t), "a tensor's value");  // a real tensor (a parameter, say) may have writes in flight
   }
   raise_if_failed();
 }
@@ -1631,13 +1681,13 @@ void PythonRunner::unexpose(uintptr_t key) {
 
 void PythonRunner::sync() {
   if (!runner_) return;
-  wait_for(runner_->issued());
+  wait_for(runner_->issued(), "sync");
   raise_if_failed();
 }
 
 void PythonRunner::raise_if_failed() {
   if (!runner_ || !runner_->failed()) return;
-  wait_for(runner_->issued());
+  wait_for(runner_->issued(), "an error");
   RunnerError e = runner_->take_error();
   std::string at = e.node < (graph_ ? graph_->nodes.size() : 0) ? where(graph_->nodes[e.node], file_label_) : "an op";
   if (mode_ == Mode::CoExec) {

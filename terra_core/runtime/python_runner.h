@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <thread>
 #include <vector>
@@ -212,7 +213,9 @@ class PythonRunner {
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   // Waits for item `seq`; `what` (the op that waits) names the timeline's span.
-  void wait_for(uint64_t seq, const std::string* what = nullptr);
+  // Waits until the GraphRunner has run item `seq`; `what` (an op's name, or why) labels the
+  // timeline's fetch_wait span.
+  void wait_for(uint64_t seq, std::string_view what);
   void raise_if_failed();
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
   uint64_t needed_seq(const c10::IValue& v) const;
@@ -324,6 +327,12 @@ class PythonRunner {
   // the previous step. A random one runs here after the random items issued before it (the
   // generator is drawn in program order), where that wait leaves the GraphRunner work (run_here).
   bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
+  // A view of a tensor over memory the program changes without ops (python_memory: a NumPy
+  // array from torch.from_numpy, a batch sliced from such a dataset) runs here, at once: its
+  // output must be a real tensor over that memory, and it reads no data, so it need not wait, as
+  // an issued one would, for every item before it (detector_numpy_nms waited for the previous
+  // step's backward and update before slicing its next batch).
+  bool run_view_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   static constexpr uint64_t kRandomLead = 64;       // items after the last random one, at least
   uint64_t last_random_item_ = 0;       // the last item that draws from a default generator (0: none)
   uint64_t random_item_iteration_ = 0;  // the iteration that issued it (iteration_serial_)

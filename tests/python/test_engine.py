@@ -1558,6 +1558,40 @@ def test_memory_numpy_shares_is_read_when_the_op_is_issued():
     assert s["iterations_coexecuted"] >= 15, s
 
 
+def batches_sliced_from_a_numpy_dataset(steps=30):
+    """A dataset from `from_numpy`, its batch sliced each step (and a slice of that) while the
+    previous step's training is pending; NumPy changes the dataset in place after the slicing,
+    which the batch, a view, must see as eagerly."""
+    torch.manual_seed(0)
+    data = np.random.default_rng(0).standard_normal((64, 16), dtype=np.float32)
+    dataset = torch.from_numpy(data)
+    model = torch.nn.Linear(12, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = torch.randn(256, 256)
+    out = []
+    for step in range(steps):
+        h = busy(w, w, 3)  # pending while the batch is sliced
+        batch = dataset[(step % 8) * 8:(step % 8 + 1) * 8]
+        x, y = batch[:, :12], batch[:, 12:13]
+        data[(step % 8) * 8, :] += 1.0  # through NumPy, after the slicing: the views see it
+        loss = torch.nn.functional.mse_loss(model(x), y) + h.mean() * 0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out + [p.detach() for p in model.parameters()] + [dataset.clone()]
+
+
+def test_a_view_of_numpy_memory_is_made_at_once_without_waiting():
+    # A view of memory NumPy owns must be a real tensor over it; it was issued and waited for,
+    # so the program thread waited for everything before it (the previous step's training) at
+    # every batch it sliced. It is made on the program thread now, at once.
+    s, _ = coexecuted_as_eager(batches_sliced_from_a_numpy_dataset)
+    assert s["iterations_coexecuted"] >= 15, s
+    waits = [e["detail"] for e in terra.timeline()["events"] if e["kind"] == "fetch_wait"]
+    assert not [w for w in waits if w.startswith("aten::slice")], waits
+
+
 def written_through_numpy(steps=30):
     """A tensor that pending work reads, then written through the array `.numpy()` returns."""
     torch.manual_seed(0)
