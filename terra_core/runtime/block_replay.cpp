@@ -104,6 +104,7 @@ bool node_on_accelerator(const torch::autograd::Node& n) {
 // Whether a kernel with these arguments is known to give the program's bits with one thread
 // (verdicts.h).
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack);
+bool large_for_threads(const c10::IValue& v);
 
 // A kernel call the hook handles: the calls it makes pass through.
 struct Nested {
@@ -144,8 +145,14 @@ void record_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   if (!r) {
     // An item run op by op outside a recording (a RecordingScope without a recorder): a kernel
     // that a recording found to give the same bits with one thread runs with one, as replayed.
-    if (!kernel || !known_one_thread(op, below, *stack)) {
+    if (!kernel) {
       op.redispatchBoxed(below, stack);  // a decomposition's parts are chosen for one by one
+      return;
+    }
+    if (!known_one_thread(op, below, *stack)) {
+      if (at::get_num_threads() > 1 && std::any_of(stack->begin(), stack->end(), large_for_threads))
+        note_parallel_region();
+      op.redispatchBoxed(below, stack);
       return;
     }
     Nested nested;
@@ -855,6 +862,7 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
   TORCH_INTERNAL_ASSERT(stack.size() >= k.outs);
   // From kernel_begin, k.spread says whether an argument is large.
   for (uint32_t i = 0; i < k.outs; ++i) k.spread = k.spread || large_for_threads(stack[stack.size() - k.outs + i]);
+  k.large = k.spread;
   k.spread = k.spread && ran_ns >= RecordedKernel::kSpreadNs;
   m.ran_ns = ran_ns;
   k.first_out = m.block.table_size;
@@ -1270,6 +1278,7 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     spread_ += spreads;
     OneThread threads(k.one_thread && !spreads);
     bound_one_thread_ += threads.active();
+    if (!threads.active() && k.large && at::get_num_threads() > 1) note_parallel_region();
     op.redispatchBoxed(keys, stack);
   }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
@@ -1340,6 +1349,7 @@ void BlockReplayer::run(WorkItem& item) {
         spread_ += spreads;
         const int threads = k.one_thread && !spreads ? 1 : item.num_threads;
         if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
+        if (threads > 1 && k.large) note_parallel_region();
         // A kernel marked for spreading that runs on one thread is timed: one that ran in under
         // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
         // from the cache file skips the recording's own one-thread runs) and is spread no more.

@@ -85,13 +85,20 @@ struct RecordedKernel {
   // recorded): replayed with one, except a long kernel while the program thread waits for the
   // GraphRunner (BlockReplayer::run); else always with the program's.
   bool one_thread = true;
-  // Worth the program's intra-op threads while the program thread waits: it ran for at least
-  // kSpreadNs when recorded and a tensor of its call has at least ATen's grain size of elements
+  // Worth the program's intra-op threads while the program thread waits, even where that wakes
+  // the OpenMP workers (any kernel is spread while they spin anyway: openmp_workers_spinning):
+  // it ran for at least kSpreadNs when recorded and a tensor of its call has at least ATen's grain size of elements
   // (the time alone is no guide: a kernel's first call can take 50 us and its next ones 2).
   // Cleared by a replay that ran it on one thread in under half of kSpreadNs (BlockReplayer::run:
   // the recorded time was an accident), hence mutable; GraphRunner thread only.
   mutable bool spread = false;
   static constexpr uint64_t kSpreadNs = 50'000;
+  // A tensor of its call has at least ATen's grain size of elements: with more than one thread
+  // it starts a parallel region, whose workers then spin (note_parallel_region). A smaller one
+  // may run on one thread whatever the count, and noting it would keep every later kernel
+  // spread on the strength of workers that never woke.
+  bool large = false;
+
   std::vector<uint32_t> release;    // table entries last read by this kernel
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
   // null for the others. Used by the GraphRunner thread only.
@@ -294,8 +301,8 @@ class BlockReplayer {
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
   bool spread(const RecordedKernel& k, int threads) const {
-    return k.one_thread && k.spread && threads > 1 && !openmp_spinning_limited() && program_waits_ &&
-           program_waits_();
+    return k.one_thread && threads > 1 && !openmp_spinning_limited() && program_waits_ && program_waits_() &&
+           (k.spread || openmp_workers_spinning());
   }
 };
 

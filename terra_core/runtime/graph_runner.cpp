@@ -183,6 +183,10 @@ constexpr auto kNap = std::chrono::microseconds(200);
 constexpr int64_t kSpinNs = 20000;
 constexpr int64_t kIdleSpinNs = 1000000;
 
+// The GraphRunner's spin for new work: short while its OpenMP workers spin (a third spinning
+// thread on two cores takes the program thread's: openmp_workers_spinning).
+int64_t idle_spin_ns() { return openmp_workers_spinning() ? kSpinNs : kIdleSpinNs; }
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -335,7 +339,7 @@ RunnerError GraphRunner::take_error() {
 
 bool GraphRunner::wait_for_work(uint64_t next) {
   auto has_work = [&] { return published_.load() != next || stop_.load(); };
-  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, kIdleSpinNs))
+  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, idle_spin_ns()))
     return !stop_.load();
   std::unique_lock<std::mutex> lock(mutex_);
   sleeping_.store(kNapping);
@@ -349,7 +353,7 @@ bool GraphRunner::wait_for_work(uint64_t next) {
 
 bool GraphRunner::await_published(uint64_t seq) {
   auto ready = [&] { return published_.load() >= seq || python_blocked() || stop_.load(); };
-  if (!spin_until(ready, kIdleSpinNs)) {
+  if (!spin_until(ready, idle_spin_ns())) {
     std::unique_lock<std::mutex> lock(mutex_);
     sleeping_.store(kAsleep);
     work_cv_.wait(lock, ready);
@@ -724,6 +728,13 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   }
   auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
   const bool all = known != b.one_thread_items.end() && known->second;
+  // While the program waits and the OpenMP workers spin anyway, the item takes the program's
+  // count (openmp_workers_spinning): as eagerly, its kernels' bits are the program's.
+  if (python_blocked() && openmp_workers_spinning()) {
+    use_threads(item.num_threads);
+    run_per_op(item, nullptr);
+    return;
+  }
   b.items_one_thread += all;
   use_threads(all ? 1 : item.num_threads);
   run_per_op(item, nullptr, /*per_kernel_threads=*/!all);

@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <new>
@@ -109,6 +110,30 @@ void settle_openmp_spinning() {
 }
 
 bool openmp_spinning_limited() { return g_limited.load(std::memory_order_relaxed); }
+
+namespace {
+thread_local bool t_region_noted = false;
+thread_local int64_t t_region_ns = INT64_MIN / 2;  // when the last noted region was seen
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void note_parallel_region() {
+  // With the spinning limited, the workers slept again within about 30 us.
+  if (!openmp_spinning_limited()) t_region_noted = true;
+}
+
+bool openmp_workers_spinning() {
+  if (openmp_spinning_limited()) return false;
+  const int64_t now = steady_ns();
+  if (t_region_noted) {
+    t_region_noted = false;
+    t_region_ns = now;
+  }
+  return now - t_region_ns < kWorkerSpinNs;
+}
 
 
 void set_intraop_threads(int n) {

@@ -28,6 +28,8 @@
 // their work exactly as eager execution does.
 #pragma once
 
+#include <cstdint>
+
 namespace terra::runtime {
 
 // Releases the calling thread's OpenMP worker pool, if it has one (OpenMP 5.0's
@@ -78,5 +80,25 @@ void settle_openmp_spinning();
 // threads to speed the GraphRunner up while the program waits (RecordedKernel::spread), since
 // each spread would wait for a worker to wake.
 bool openmp_spinning_limited();
+
+// Whether the calling thread's OpenMP workers are likely spinning now, because a parallel region
+// of its ended within the last kWorkerSpinNs (note_parallel_region) and the spinning is not
+// limited. libgomp's idle workers spin about 9 ms after each region here (see above).
+//
+// The GraphRunner uses it twice. A one-thread kernel is spread over the program's threads while
+// the program waits only when it is long (RecordedKernel::spread), because a parallel region
+// wakes a worker that then spins on the core the program's Python needs; while the workers spin
+// anyway (a kernel whose bits need the program's count, a convolution, ran moments ago), that
+// cost is paid and every kernel large enough for a parallel region is spread. And the GraphRunner
+// spins for new work only briefly then: with its workers spinning, a third spinning thread on two
+// cores takes the program thread's. Measured on detector_numpy_nms (forced co-execution, a
+// NumPy stage between the forward and the backward, convolutions every step): 15.6 ms per step
+// with the GraphRunner's 1 ms idle spin and long kernels alone spread, 12.7 with both (eager 11.7).
+bool openmp_workers_spinning();
+// A kernel large enough for a parallel region ran on the calling thread with more than one
+// intra-op thread. Costs a thread-local store; the time is taken at the next
+// openmp_workers_spinning.
+void note_parallel_region();
+constexpr int64_t kWorkerSpinNs = 8'000'000;
 
 }  // namespace terra::runtime
