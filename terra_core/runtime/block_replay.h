@@ -86,9 +86,9 @@ struct RecordedKernel {
   // GraphRunner (BlockReplayer::run); else always with the program's.
   bool one_thread = true;
   // Worth the program's intra-op threads while the program thread waits, even where that wakes
-  // the OpenMP workers (any kernel is spread while they spin anyway: openmp_workers_spinning):
-  // it ran for at least kSpreadNs when recorded and a tensor of its call has at least ATen's grain size of elements
-  // (the time alone is no guide: a kernel's first call can take 50 us and its next ones 2).
+  // the OpenMP workers (while they spin anyway, any kernel is: openmp_workers_spinning): it ran
+  // for at least kSpreadNs when recorded and is `large` (the time alone is no guide: a kernel's
+  // first call can take 50 us and its next ones 2).
   // Cleared by a replay that ran it on one thread in under half of kSpreadNs (BlockReplayer::run:
   // the recorded time was an accident), hence mutable; GraphRunner thread only.
   mutable bool spread = false;
@@ -98,7 +98,6 @@ struct RecordedKernel {
   // may run on one thread whatever the count, and noting it would keep every later kernel
   // spread on the strength of workers that never woke.
   bool large = false;
-
   std::vector<uint32_t> release;    // table entries last read by this kernel
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
   // null for the others. Used by the GraphRunner thread only.

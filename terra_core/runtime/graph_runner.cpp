@@ -183,10 +183,6 @@ constexpr auto kNap = std::chrono::microseconds(200);
 constexpr int64_t kSpinNs = 20000;
 constexpr int64_t kIdleSpinNs = 1000000;
 
-// The GraphRunner's spin for new work: short while its OpenMP workers spin (a third spinning
-// thread on two cores takes the program thread's: openmp_workers_spinning).
-int64_t idle_spin_ns() { return openmp_workers_spinning() ? kSpinNs : kIdleSpinNs; }
-
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -339,8 +335,27 @@ RunnerError GraphRunner::take_error() {
 
 bool GraphRunner::wait_for_work(uint64_t next) {
   auto has_work = [&] { return published_.load() != next || stop_.load(); };
-  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, idle_spin_ns()))
-    return !stop_.load();
+  // Out of work right after giving the program thread what it waited for, the program runs
+  // Python on it; where that took longer than the spin the last time (NumPy post-processing of
+  // a fetched prediction every step), spinning would take a core from it for nothing: with the
+  // OpenMP workers spinning after a parallel region, three busy threads on two cores. Elsewhere
+  // (a gap between two ops, an `.item()` per environment step) the full spin saves a wake-up on
+  // each side. (A short spin at every idle while the workers spin was faster still on
+  // detector_numpy_nms, forced co-execution, 11.6-12.2 ms per step against 13.5-13.9, but
+  // slower on gpt, 7.2-8.2 against 6.7-7.3: see README, session 27.)
+  // Learned per op that ended the wait (a step can wait twice, once before NumPy work and once
+  // before more ops).
+  bool* long_gap = served_wait_ != 0 ? &long_after_wait_[served_wait_] : nullptr;
+  served_wait_ = 0;
+  const int64_t spin = long_gap && *long_gap ? kSpinNs : kIdleSpinNs;
+  struct Learn {
+    bool* long_gap;
+    int64_t start;
+    ~Learn() {
+      if (long_gap) *long_gap = now_ns() - start > kIdleSpinNs;
+    }
+  } learn{long_gap, long_gap ? now_ns() : 0};
+  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, spin)) return !stop_.load();
   std::unique_lock<std::mutex> lock(mutex_);
   sleeping_.store(kNapping);
   if (!work_cv_.wait_for(lock, kNap, has_work)) {
@@ -353,7 +368,7 @@ bool GraphRunner::wait_for_work(uint64_t next) {
 
 bool GraphRunner::await_published(uint64_t seq) {
   auto ready = [&] { return published_.load() >= seq || python_blocked() || stop_.load(); };
-  if (!spin_until(ready, idle_spin_ns())) {
+  if (!spin_until(ready, kIdleSpinNs)) {
     std::unique_lock<std::mutex> lock(mutex_);
     sleeping_.store(kAsleep);
     work_cv_.wait(lock, ready);
@@ -660,6 +675,8 @@ void GraphRunner::loop() {
     // seq_cst, like `wait_target_`: a waiter that set its target after this store sees the new
     // `done` when it checks under the lock, and one that set it before is seen here.
     done_.store(next);
+    if (const uint64_t w = waiter_.load(std::memory_order_relaxed); w != 0 && next >= w)
+      served_wait_ = (static_cast<uint64_t>(item.graph) << 32 | item.node) + 1;
     const uint64_t target = wait_target_.load();
     if (target != 0 && next >= target) {
       std::lock_guard<std::mutex> lock(mutex_);

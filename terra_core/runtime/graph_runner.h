@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "placeholder.h"
@@ -248,6 +249,11 @@ class GraphRunner {
   std::atomic<bool> accelerator_blocks_{false};
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
+  // GraphRunner thread (wait_for_work): the last item ended a wait of the Python thread (its
+  // graph and node, plus one; 0: it did not), and, by such item, whether the last idle time
+  // after it exceeded kIdleSpinNs.
+  uint64_t served_wait_ = 0;
+  std::unordered_map<uint64_t, bool> long_after_wait_;
   mutable std::mutex counts_mutex_;
   std::map<uint64_t, ReplayCounts> counts_;  // by Graph::serial, under counts_mutex_
   StreamSwitcher streams_;  // GraphRunner thread only

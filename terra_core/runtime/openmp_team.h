@@ -85,19 +85,17 @@ bool openmp_spinning_limited();
 // of its ended within the last kWorkerSpinNs (note_parallel_region) and the spinning is not
 // limited. libgomp's idle workers spin about 9 ms after each region here (see above).
 //
-// The GraphRunner uses it twice. A one-thread kernel is spread over the program's threads while
-// the program waits only when it is long (RecordedKernel::spread), because a parallel region
-// wakes a worker that then spins on the core the program's Python needs; while the workers spin
-// anyway (a kernel whose bits need the program's count, a convolution, ran moments ago), that
-// cost is paid and every kernel large enough for a parallel region is spread. And the GraphRunner
-// spins for new work only briefly then: with its workers spinning, a third spinning thread on two
-// cores takes the program thread's. Measured on detector_numpy_nms (forced co-execution, a
-// NumPy stage between the forward and the backward, convolutions every step): 15.6 ms per step
-// with the GraphRunner's 1 ms idle spin and long kernels alone spread, 12.7 with both (eager 11.7).
+// The GraphRunner uses it to spread kernels: a one-thread kernel is spread over the program's
+// threads while the program waits only when it is long (RecordedKernel::spread), because a
+// parallel region wakes a worker that then spins on the core the program's Python needs; while
+// the workers spin anyway (a kernel whose bits need the program's count, a convolution, ran
+// moments ago), that cost is paid and every kernel is spread. Measured on detector_numpy_nms
+// (forced co-execution, convolutions every step): 17.5-20.5 ms per step with long kernels alone
+// spread, 14.0-14.8 with all (eager 11.8-13.4).
 bool openmp_workers_spinning();
 // A kernel large enough for a parallel region ran on the calling thread with more than one
-// intra-op thread. Costs a thread-local store; the time is taken at the next
-// openmp_workers_spinning.
+// intra-op thread (ignored while the spinning is limited). Costs a thread-local store; the time
+// is taken at the next openmp_workers_spinning.
 void note_parallel_region();
 constexpr int64_t kWorkerSpinNs = 8'000'000;
 
