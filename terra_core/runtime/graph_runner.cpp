@@ -340,21 +340,28 @@ bool GraphRunner::wait_for_work(uint64_t next) {
   // a fetched prediction every step), spinning would take a core from it for nothing: with the
   // OpenMP workers spinning after a parallel region, three busy threads on two cores. Elsewhere
   // (a gap between two ops, an `.item()` per environment step) the full spin saves a wake-up on
-  // each side. (A short spin at every idle while the workers spin was faster still on
-  // detector_numpy_nms, forced co-execution, 11.6-12.2 ms per step against 13.5-13.9, but
-  // slower on gpt, 7.2-8.2 against 6.7-7.3: see README, session 27.)
+  // each side. And once some op's wait was followed by such a gap (the program does long
+  // Python work between its waits), every idle spin is short while the workers spin: a short
+  // spin at every idle gave detector_numpy_nms 11.6-12.2 ms per step against 13.5-13.9 with the
+  // short spin after that op alone (forced co-execution), but cost gpt, whose Python issues ops
+  // without such gaps, 5-8% (a nap leaves the GraphRunner behind a Python-bound program).
   // Learned per op that ended the wait (a step can wait twice, once before NumPy work and once
   // before more ops).
   bool* long_gap = served_wait_ != 0 ? &long_after_wait_[served_wait_] : nullptr;
   served_wait_ = 0;
-  const int64_t spin = long_gap && *long_gap ? kSpinNs : kIdleSpinNs;
+  const bool short_spin = (long_gap && *long_gap) || (long_gaps_ > 0 && openmp_workers_spinning());
   struct Learn {
     bool* long_gap;
+    uint32_t& count;
     int64_t start;
     ~Learn() {
-      if (long_gap) *long_gap = now_ns() - start > kIdleSpinNs;
+      if (!long_gap) return;
+      const bool was = *long_gap;
+      *long_gap = now_ns() - start > kIdleSpinNs;
+      count += *long_gap - was;
     }
-  } learn{long_gap, long_gap ? now_ns() : 0};
+  } learn{long_gap, long_gaps_, long_gap ? now_ns() : 0};
+  const int64_t spin = short_spin ? kSpinNs : kIdleSpinNs;
   if (active_.load(std::memory_order_relaxed) && spin_until(has_work, spin)) return !stop_.load();
   std::unique_lock<std::mutex> lock(mutex_);
   sleeping_.store(kNapping);

@@ -254,6 +254,7 @@ class GraphRunner {
   // after it exceeded kIdleSpinNs.
   uint64_t served_wait_ = 0;
   std::unordered_map<uint64_t, bool> long_after_wait_;
+  uint32_t long_gaps_ = 0;  // entries of long_after_wait_ that are true
   mutable std::mutex counts_mutex_;
   std::map<uint64_t, ReplayCounts> counts_;  // by Graph::serial, under counts_mutex_
   StreamSwitcher streams_;  // GraphRunner thread only

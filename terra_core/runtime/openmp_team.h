@@ -90,8 +90,9 @@ bool openmp_spinning_limited();
 // parallel region wakes a worker that then spins on the core the program's Python needs; while
 // the workers spin anyway (a kernel whose bits need the program's count, a convolution, ran
 // moments ago), that cost is paid and every kernel is spread. Measured on detector_numpy_nms
-// (forced co-execution, convolutions every step): 17.5-20.5 ms per step with long kernels alone
-// spread, 14.0-14.8 with all (eager 11.8-13.4).
+// (forced co-execution, convolutions every step, the program waiting for the forward at a NumPy
+// stage): 17.0-18.5 ms per step with long kernels alone spread, 14.4-16.5 with all (eager
+// 11.9-12.6).
 bool openmp_workers_spinning();
 // A kernel large enough for a parallel region ran on the calling thread with more than one
 // intra-op thread (ignored while the spinning is limited). Costs a thread-local store; the time
