@@ -1591,6 +1591,39 @@ def test_a_view_of_numpy_memory_is_made_at_once_without_waiting():
     assert not [w for w in waits if w.startswith("aten::slice")], waits
 
 
+def views_of_numpy_memory(steps=24):
+    """Views of every kind over `from_numpy` memory (select, narrow and transpose, a strided
+    slice of a reshaped view, an expand whose elements overlap, a diagonal, an unfold), written
+    through NumPy after they are made and read by a training step."""
+    torch.manual_seed(0)
+    data = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8) / 100
+    t = torch.from_numpy(data)
+    w = torch.randn(8, 8, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.01)
+    x = torch.randn(256, 256)
+    out = []
+    for step in range(steps):
+        h = busy(x, x, 2)
+        a = t[step % 4]
+        b = a.narrow(0, 1, 3).t()
+        c = t.view(24, 8)[::2]
+        d = t[:, 0].unsqueeze(1).expand(4, 5, 8)
+        e = t.diagonal(0, 1, 2)
+        f = t.reshape(-1).unfold(0, 8, 4)
+        data[step % 4] += 0.5
+        loss = (a @ w).sum() + (b.t() @ w).sum() + (c @ w).mean() + d.sum() + e.sum() + f.sum()
+        opt.zero_grad()
+        (loss + h.mean() * 0).backward()
+        opt.step()
+        out.append(loss.detach())
+    return out + [w.detach().clone(), t.clone()]
+
+
+def test_views_of_numpy_memory_see_later_numpy_writes_as_eager():
+    s, _ = coexecuted_as_eager(views_of_numpy_memory)
+    assert s["iterations_coexecuted"] >= 10, s
+
+
 def written_through_numpy(steps=30):
     """A tensor that pending work reads, then written through the array `.numpy()` returns."""
     torch.manual_seed(0)
