@@ -23,6 +23,7 @@
 #include <optional>
 #include <set>
 #include <tuple>
+#include <utility>
 
 namespace terra::runtime {
 
@@ -334,7 +335,6 @@ RunnerError GraphRunner::take_error() {
 }
 
 bool GraphRunner::wait_for_work(uint64_t next) {
-  auto has_work = [&] { return published_.load() != next || stop_.load(); };
   // Out of work right after giving the program thread what it waited for, the program runs
   // Python on it; where that took longer than the spin the last time (NumPy post-processing of
   // a fetched prediction every step), spinning would take a core from it for nothing: with the
@@ -347,22 +347,20 @@ bool GraphRunner::wait_for_work(uint64_t next) {
   // without such gaps, 5-8% (a nap leaves the GraphRunner behind a Python-bound program).
   // Learned per op that ended the wait (a step can wait twice, once before NumPy work and once
   // before more ops).
-  bool* long_gap = served_wait_ != 0 ? &long_after_wait_[served_wait_] : nullptr;
-  served_wait_ = 0;
-  const bool short_spin = (long_gap && *long_gap) || (long_gaps_ > 0 && openmp_workers_spinning());
-  struct Learn {
-    bool* long_gap;
-    uint32_t& count;
-    int64_t start;
-    ~Learn() {
-      if (!long_gap) return;
-      const bool was = *long_gap;
-      *long_gap = now_ns() - start > kIdleSpinNs;
-      count += *long_gap - was;
-    }
-  } learn{long_gap, long_gaps_, long_gap ? now_ns() : 0};
-  const int64_t spin = short_spin ? kSpinNs : kIdleSpinNs;
-  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, spin)) return !stop_.load();
+  const uint64_t served = std::exchange(served_wait_, 0);
+  if (served == 0) return idle(next, long_gaps_ > 0 && openmp_workers_spinning() ? kSpinNs : kIdleSpinNs);
+  bool& long_gap = long_after_wait_[served];
+  const int64_t start = now_ns();
+  const bool working = idle(next, long_gap || (long_gaps_ > 0 && openmp_workers_spinning()) ? kSpinNs : kIdleSpinNs);
+  const bool was = long_gap;
+  long_gap = now_ns() - start > kIdleSpinNs;
+  long_gaps_ += long_gap - was;
+  return working;
+}
+
+bool GraphRunner::idle(uint64_t next, int64_t spin_ns) {
+  auto has_work = [&] { return published_.load() != next || stop_.load(); };
+  if (active_.load(std::memory_order_relaxed) && spin_until(has_work, spin_ns)) return !stop_.load();
   std::unique_lock<std::mutex> lock(mutex_);
   sleeping_.store(kNapping);
   if (!work_cv_.wait_for(lock, kNap, has_work)) {
@@ -750,8 +748,6 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
     run_per_op(item, nullptr);
     return;
   }
-  auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
-  const bool all = known != b.one_thread_items.end() && known->second;
   // While the program waits and the OpenMP workers spin anyway, the item takes the program's
   // count (openmp_workers_spinning): as eagerly, its kernels' bits are the program's.
   if (python_blocked() && openmp_workers_spinning()) {
@@ -759,6 +755,8 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
     run_per_op(item, nullptr);
     return;
   }
+  auto known = b.one_thread_items.find({item.graph, item.node, static_cast<int>(item.kind)});
+  const bool all = known != b.one_thread_items.end() && known->second;
   b.items_one_thread += all;
   use_threads(all ? 1 : item.num_threads);
   run_per_op(item, nullptr, /*per_kernel_threads=*/!all);

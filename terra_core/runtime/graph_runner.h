@@ -216,6 +216,7 @@ class GraphRunner {
  private:
   void loop();
   bool wait_for_work(uint64_t next);  // false: stopping
+  bool idle(uint64_t next, int64_t spin_ns);  // spins, naps, then sleeps until work; false: stopping
   void prefetch(const WorkItem& item);  // GraphRunner: the next item's lines, while this one runs
   static constexpr uint64_t kDropItems = 32;
   static constexpr uint64_t kDropBytes = 4 << 10;

@@ -1,11 +1,12 @@
 #include "openmp_team.h"
 
+#include "timeline.h"  // now_ns
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <new>
@@ -114,10 +115,6 @@ bool openmp_spinning_limited() { return g_limited.load(std::memory_order_relaxed
 namespace {
 thread_local bool t_region_noted = false;
 thread_local int64_t t_region_ns = INT64_MIN / 2;  // when the last noted region was seen
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 }  // namespace
 
 void note_parallel_region() {
@@ -127,7 +124,7 @@ void note_parallel_region() {
 
 bool openmp_workers_spinning() {
   if (openmp_spinning_limited()) return false;
-  const int64_t now = steady_ns();
+  const int64_t now = now_ns();
   if (t_region_noted) {
     t_region_noted = false;
     t_region_ns = now;

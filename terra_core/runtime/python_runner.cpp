@@ -1305,9 +1305,10 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
   //   after a divergence alike. Given the value, it ran the op without history (an error: the
   //   output was traced requiring grad).
   // - An argument over memory the program changes without ops (python_memory) is read as it is
-  //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a list,
-  //   one whose elements overlap (an expanded one) or a large one (a dataset from from_numpy indexed each step: a copy would be a pass over all
-  //   of it per op) is not copied; the op runs before the program goes on (returns true).
+  //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a
+  //   list, one whose elements overlap (an expanded one) or a large one (a dataset from
+  //   from_numpy indexed each step: a copy would be a pass over all of it per op) is not copied;
+  //   the op runs before the program goes on (returns true).
   constexpr size_t kCopyBytes = size_t{1} << 20;
   bool run_now = false;
   for (size_t i = 0; i < stack->size(); ++i) {
