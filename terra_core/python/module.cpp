@@ -35,6 +35,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"grad_reads_between_replayed_items", c.extra_reads},
           {"bound_kernels_one_thread", c.bound_one_thread},
           {"kernels_spread_while_waited", c.spread},
+          {"random_fills_inlined", c.random_fills},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
           {"program_count_kernels", c.program_count_kernels},

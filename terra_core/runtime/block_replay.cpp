@@ -648,6 +648,7 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   if (const auto e = ElementwiseReplay::covered(op, &in_place);
       e != ElementwiseReplay::Op::None && keys.highestPriorityTypeId() == c10::DispatchKey::CPU)
     k.elementwise = std::make_shared<ElementwiseReplay>(e, in_place);
+  if (keys.highestPriorityTypeId() == c10::DispatchKey::CPU) k.random = RandomFill::covered(op);
   for (size_t i = stack.size() - n; i < stack.size() && m.cpu_kernel; ++i)
     k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());
@@ -1355,7 +1356,10 @@ void BlockReplayer::run(WorkItem& item) {
         // from the cache file skips the recording's own one-thread runs) and is spread no more.
         const bool timed = k.spread && threads == 1;
         const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-        if (!k.elementwise || threads != 1 || !k.elementwise->run(stack)) {
+        const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
+        random_fills_ += filled;
+        const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
+        if (!ran) {
           at::AutoDispatchBelowADInplaceOrView below;
           k.op->redispatchBoxed(k.keys, &stack);
         }

@@ -51,6 +51,7 @@
 
 #include "autograd_node.h"
 #include "openmp_team.h"
+#include "random_fill.h"
 
 namespace torch::autograd {
 struct Node;
@@ -102,6 +103,8 @@ struct RecordedKernel {
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
   // null for the others. Used by the GraphRunner thread only.
   std::shared_ptr<ElementwiseReplay> elementwise;
+  // A random fill replayed with its draws inlined (random_fill.h); None for the others.
+  RandomFill::Op random = RandomFill::Op::None;
 };
 
 // One item of the block: what it was, and how to run it again.
@@ -280,6 +283,8 @@ class BlockReplayer {
   uint64_t bound_one_thread() const { return bound_one_thread_; }
   // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
   uint64_t spread() const { return spread_; }
+  // Random kernels replayed with their draws inlined (RandomFill).
+  uint64_t random_fills() const { return random_fills_; }
 
  private:
   c10::IValue value(const Ref& r) const;
@@ -297,6 +302,7 @@ class BlockReplayer {
   uint64_t kernels_ = 0;
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
+  uint64_t random_fills_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
   bool spread(const RecordedKernel& k, int threads) const {

@@ -153,6 +153,7 @@ struct BlockStore {
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
   uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
   uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
+  uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
@@ -408,6 +409,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.extra_reads += c.extra_reads;
     total.bound_one_thread += c.bound_one_thread;
     total.spread += c.spread;
+    total.random_fills += c.random_fills;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -420,8 +422,9 @@ void GraphRunner::flush_counts() {
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
   const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
   const uint64_t spread = b.replayer.spread() - b.spread_counted;
+  const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0)
+      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -436,6 +439,8 @@ void GraphRunner::flush_counts() {
   b.bound_one_thread_counted = b.replayer.bound_one_thread();
   c.spread += spread;
   b.spread_counted = b.replayer.spread();
+  c.random_fills += random_fills;
+  b.random_fills_counted = b.replayer.random_fills();
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {

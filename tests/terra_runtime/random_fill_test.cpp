@@ -1,0 +1,81 @@
+// Bernoulli masks with inlined draws (random_fill.h): every fill is compared bitwise with the operator
+// called through the dispatcher from the same generator state, and the generator's state after
+// both must be the same.
+#include "random_fill.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace terra::runtime {
+namespace {
+
+c10::OperatorHandle handle(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// Fills `shape` of `dtype` through the dispatcher and through RandomFill from one state of the
+// default generator, and expects the same bits and the same state after.
+void expect_as_dispatched(at::IntArrayRef shape, at::ScalarType dtype, double p) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_current_seed(1234);
+  const at::Tensor theirs = at::empty(shape, dtype);
+  torch::jit::Stack s{theirs, p, c10::IValue()};
+  handle("aten::bernoulli_", "float").callBoxed(&s);
+  const at::Tensor after_theirs = gen.get_state();
+
+  gen.set_current_seed(1234);
+  const at::Tensor mine = at::empty(shape, dtype);
+  torch::jit::Stack m{mine, p, c10::IValue()};
+  ASSERT_TRUE(RandomFill::run(RandomFill::Op::Bernoulli, m));
+  ASSERT_EQ(1u, m.size());
+  EXPECT_TRUE(m[0].toTensor().is_same(mine));  // returns self, as the in-place operator does
+  EXPECT_EQ(0, std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()));
+  EXPECT_TRUE(at::equal(after_theirs, gen.get_state()));
+}
+
+TEST(RandomFill, CoversBernoulliWithAScalarP) {
+  EXPECT_EQ(RandomFill::Op::Bernoulli, RandomFill::covered(handle("aten::bernoulli_", "float")));
+  EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::uniform_", "")));
+  EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::bernoulli_", "Tensor")));
+  EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::normal_", "")));
+}
+
+TEST(RandomFill, MatchesThisProcesssATen) { EXPECT_TRUE(RandomFill::matches_aten()); }
+
+TEST(RandomFill, GivesTheDispatchersBitsAndLeavesItsGeneratorState) {
+  const uint64_t before = RandomFill::runs();
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1}, {5, 7}, {8, 4, 32, 32}, {100003}}) {
+      for (const double p : {0.0, 0.1, 0.5, 0.9, 1.0}) expect_as_dispatched(shape, dtype, p);
+    }
+  }
+  EXPECT_EQ(before + 2 * 4 * 5, RandomFill::runs());
+}
+
+// What it does not cover is left to the dispatcher, the stack untouched: ATen then raises where
+// it raises (a p outside [0, 1]) or draws in its own order (strided memory, another generator).
+TEST(RandomFill, LeavesOtherCallsToTheDispatcher) {
+  const at::Tensor x = at::empty({6, 4});
+  const auto untouched = [](RandomFill::Op op, torch::jit::Stack s) {
+    const size_t n = s.size();
+    const bool ran = RandomFill::run(op, s);
+    return !ran && s.size() == n;
+  };
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, 1.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, -0.1, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x.t(), 0.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x.slice(1, 0, 4, 2), 0.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {at::empty({0}), 0.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {at::empty({3}, at::kHalf), 0.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {at::empty({3}, at::kLong), 0.5, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, 0.5, at::detail::createCPUGenerator(7)}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, 0.5}));
+  EXPECT_TRUE(untouched(RandomFill::Op::None, {x, 0.5, c10::IValue()}));
+}
+
+}  // namespace
+}  // namespace terra::runtime
