@@ -20,6 +20,7 @@
 //
 // Covered: `bernoulli_.float` on a contiguous float or double CPU tensor with the default generator
 // and a p in [0, 1]. Any other call takes the dispatcher as before (which raises where ATen raises).
+// `TERRA_RANDOM_FILL=0` turns it off (every fill through the dispatcher).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
