@@ -648,7 +648,12 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   if (const auto e = ElementwiseReplay::covered(op, &in_place);
       e != ElementwiseReplay::Op::None && keys.highestPriorityTypeId() == c10::DispatchKey::CPU)
     k.elementwise = std::make_shared<ElementwiseReplay>(e, in_place);
-  if (keys.highestPriorityTypeId() == c10::DispatchKey::CPU) k.random = RandomFill::covered(op);
+  // A factory (torch.rand) is recorded above its backend, at BackendSelect; RandomFill makes only
+  // CPU tensors.
+  if (const auto r = RandomFill::covered(op);
+      keys.highestPriorityTypeId() == c10::DispatchKey::CPU ||
+      (r == RandomFill::Op::Rand && keys.highestPriorityTypeId() == c10::DispatchKey::BackendSelect))
+    k.random = r;
   for (size_t i = stack.size() - n; i < stack.size() && m.cpu_kernel; ++i)
     k.spread = k.spread || large_for_threads(stack[i]);
   const auto kernel_index = static_cast<int64_t>(m.block.kernels.size());

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace terra::runtime {
@@ -61,35 +62,71 @@ void draw(at::mt19937_data_pod& d, uint32_t* out, int64_t n) {
   }
 }
 
-// ATen's serial kernel (cpu/DistributionTemplates.h: bernoulli_kernel with a scalar p) over
-// contiguous memory, which a nullary TensorIterator walks in order: element i is
-// bernoulli_distribution<double>(p) of random64() = (draw 2i << 32) | draw 2i+1, that is
-// uniform_real<double>: x = v * 2^-53 with v its low 53 bits (exact), then x < p. For an integer v
-// that is v < ceil(p * 2^53) (p * 2^53 is exact too), compared as two 32-bit halves.
-template <typename T>
-void bernoulli(T* out, int64_t n, double p, at::CPUGeneratorImpl* gen) {
+// The draws of `n` elements, `per` each, chunk by chunk, from the default generator's engine (a
+// copy, put back after): `use(out, m, draws)` turns m elements' draws into values.
+template <typename T, typename Use>
+void with_draws(T* out, int64_t n, int per, at::CPUGeneratorImpl* gen, Use use) {
   std::lock_guard<std::mutex> lock(gen->mutex_);
   at::mt19937 mt = gen->engine();
   at::mt19937_data_pod d = mt.data();
   uint32_t draws[2 * kChunk];
-  const auto bound = static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)));  // at most 2^53
-  const auto bound_high = static_cast<uint32_t>(bound >> 32), bound_low = static_cast<uint32_t>(bound);
   for (int64_t begin = 0; begin < n; begin += kChunk) {
     const int64_t m = std::min(kChunk, n - begin);
-    draw(d, draws, 2 * m);
-    T* o = out + begin;
-    for (int64_t i = 0; i < m; ++i) {
-      const uint32_t high = draws[2 * i] & 0x1fffff, low = draws[2 * i + 1];
-      o[i] = (high < bound_high) | ((high == bound_high) & (low < bound_low)) ? T(1) : T(0);
-    }
+    draw(d, draws, per * m);
+    use(out + begin, m, draws);
   }
   mt.set_data(d);
   gen->set_engine(mt);
 }
 
-void fill(const at::Tensor& self, double p, at::CPUGeneratorImpl* gen) {
-  if (self.scalar_type() == at::kFloat) bernoulli(self.data_ptr<float>(), self.numel(), p, gen);
-  else bernoulli(self.data_ptr<double>(), self.numel(), p, gen);
+// ATen's serial kernels (cpu/DistributionTemplates.h) over contiguous memory, which a nullary
+// TensorIterator walks in order.
+//
+// bernoulli_kernel with a scalar p: element i is bernoulli_distribution<double>(p) of random64() =
+// (draw 2i << 32) | draw 2i+1, that is uniform_real<double>: x = v * 2^-53 with v its low 53 bits
+// (exact), then x < p. For an integer v that is v < ceil(p * 2^53) (p * 2^53 is exact too),
+// compared as two 32-bit halves.
+template <typename T>
+void bernoulli(T* out, int64_t n, double p, at::CPUGeneratorImpl* gen) {
+  const auto bound = static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)));  // at most 2^53
+  const auto bound_high = static_cast<uint32_t>(bound >> 32), bound_low = static_cast<uint32_t>(bound);
+  with_draws(out, n, 2, gen, [&](T* o, int64_t m, const uint32_t* draws) {
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t high = draws[2 * i] & 0x1fffff, low = draws[2 * i + 1];
+      o[i] = (high < bound_high) | ((high == bound_high) & (low < bound_low)) ? T(1) : T(0);
+    }
+  });
+}
+
+// uniform_kernel from 0 to 1: uniform_real_distribution<T>, of random() for float (its low 24
+// bits times 2^-24) and of random64() for double (its low 53 bits times 2^-53), then
+// `x * (to - from) + from`, which is x itself whether or not a build fuses it (x * 1 + 0), and
+// never `to` (x < 1), so ATen's clamp changes nothing.
+void uniform(float* out, int64_t n, at::CPUGeneratorImpl* gen) {
+  with_draws(out, n, 1, gen, [](float* o, int64_t m, const uint32_t* draws) {
+    for (int64_t i = 0; i < m; ++i) o[i] = static_cast<float>(static_cast<int32_t>(draws[i] & 0xffffff)) * 0x1p-24f;
+  });
+}
+
+void uniform(double* out, int64_t n, at::CPUGeneratorImpl* gen) {
+  with_draws(out, n, 2, gen, [](double* o, int64_t m, const uint32_t* draws) {
+    for (int64_t i = 0; i < m; ++i) {
+      const double high = static_cast<double>(static_cast<int32_t>(draws[2 * i] & 0x1fffff));
+      const double low = static_cast<double>(draws[2 * i + 1]);
+      o[i] = (high * 0x1p32 + low) * 0x1p-53;  // v * 2^-53, every step exact (v < 2^53)
+    }
+  });
+}
+
+void fill(RandomFill::Op op, const at::Tensor& self, double p, at::CPUGeneratorImpl* gen) {
+  const bool single = self.scalar_type() == at::kFloat;
+  if (op == RandomFill::Op::Bernoulli) {
+    if (single) bernoulli(self.data_ptr<float>(), self.numel(), p, gen);
+    else bernoulli(self.data_ptr<double>(), self.numel(), p, gen);
+  } else {
+    if (single) uniform(self.data_ptr<float>(), self.numel(), gen);
+    else uniform(self.data_ptr<double>(), self.numel(), gen);
+  }
 }
 
 bool fillable(const at::Tensor& t) {
@@ -108,12 +145,28 @@ bool same_as_aten() {
   for (const int64_t n : {int64_t{7}, int64_t{3001}, int64_t{40000}}) {
     for (const auto dtype : {at::kFloat, at::kDouble}) {
       const at::Tensor mine = at::empty({n}, dtype), theirs = at::empty({n}, dtype);
-      fill(mine, 0.3, impl);
+      fill(RandomFill::Op::Bernoulli, mine, 0.3, impl);
       theirs.bernoulli_(0.3, atens);
+      if (std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()) != 0) return false;
+      fill(RandomFill::Op::Uniform, mine, 0, impl);
+      theirs.uniform_(0, 1, atens);
       if (std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()) != 0) return false;
     }
   }
   return at::equal(ours.get_state(), atens.get_state());
+}
+
+// rand.default(SymInt[] size, *, ScalarType? dtype, Layout? layout, Device? device, bool? pin_memory):
+// what ATen allocates (`at::empty(size, options)`) where that is a CPU tensor of a covered dtype.
+std::optional<at::Tensor> rand_output(const torch::jit::Stack& stack) {
+  if (stack.size() != 5 || !stack[0].isIntList()) return std::nullopt;
+  const at::ScalarType dtype = stack[1].isNone() ? c10::typeMetaToScalarType(c10::get_default_dtype())
+                                                 : stack[1].toScalarType();
+  const bool strided = stack[2].isNone() || stack[2].toLayout() == at::kStrided;
+  const bool cpu = stack[3].isNone() || stack[3].toDevice().is_cpu();
+  const bool pinned = !stack[4].isNone() && stack[4].toBool();
+  if (!strided || !cpu || pinned || (dtype != at::kFloat && dtype != at::kDouble)) return std::nullopt;
+  return at::empty(stack[0].toIntVector(), at::TensorOptions().dtype(dtype));
 }
 
 }  // namespace
@@ -125,7 +178,10 @@ RandomFill::Op RandomFill::covered(const c10::OperatorHandle& op) {
   }();
   if (off) return Op::None;
   const auto& name = op.schema().operator_name();
-  return name.name == "aten::bernoulli_" && name.overload_name == "float" ? Op::Bernoulli : Op::None;
+  if (name.name == "aten::bernoulli_" && name.overload_name == "float") return Op::Bernoulli;
+  if (name.name == "aten::uniform_" && name.overload_name.empty()) return Op::Uniform;
+  if (name.name == "aten::rand" && name.overload_name.empty()) return Op::Rand;
+  return Op::None;
 }
 
 bool RandomFill::matches_aten() {
@@ -134,17 +190,38 @@ bool RandomFill::matches_aten() {
 }
 
 bool RandomFill::run(Op op, torch::jit::Stack& stack) {
-  // bernoulli_.float(Tensor(a!) self, float p, *, Generator? generator) -> Tensor(a!)
-  if (op != Op::Bernoulli || stack.size() != 3 || !stack[0].isTensor() || !stack[1].isDouble() ||
-      !stack[2].isNone())
+  at::Tensor self;
+  double p = 0;
+  if (op == Op::Bernoulli) {
+    // bernoulli_.float(Tensor(a!) self, float p, *, Generator? generator) -> Tensor(a!)
+    if (stack.size() != 3 || !stack[0].isTensor() || !stack[1].isDouble() || !stack[2].isNone()) return false;
+    self = stack[0].toTensor();
+    p = stack[1].toDouble();
+    if (!(0 <= p && p <= 1)) return false;
+  } else if (op == Op::Uniform) {
+    // uniform_(Tensor(a!) self, float from, float to, *, Generator? generator) -> Tensor(a!)
+    if (stack.size() != 4 || !stack[0].isTensor() || !stack[1].isDouble() || !stack[2].isDouble() ||
+        stack[1].toDouble() != 0 || stack[2].toDouble() != 1 || !stack[3].isNone())
+      return false;
+    self = stack[0].toTensor();
+  } else if (op == Op::Rand) {
+    if (!matches_aten()) return false;
+    std::optional<at::Tensor> out = rand_output(stack);
+    if (!out) return false;
+    self = *out;  // a fresh tensor, as ATen's rand makes it, filled below as its uniform_(0, 1)
+    if (self.numel() == 0) {
+      stack.clear();
+      stack.emplace_back(std::move(self));
+      return true;
+    }
+  } else {
     return false;
-  const at::Tensor& self = stack[0].toTensor();
-  const double p = stack[1].toDouble();
-  if (!fillable(self) || !(0 <= p && p <= 1) || !matches_aten()) return false;
-  fill(self, p, at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator()));
-  at::Tensor result = self;
+  }
+  if (!fillable(self) || !matches_aten()) return false;
+  fill(op == Op::Bernoulli ? Op::Bernoulli : Op::Uniform, self,
+       p, at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator()));
   stack.clear();
-  stack.emplace_back(std::move(result));
+  stack.emplace_back(std::move(self));
   fills.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

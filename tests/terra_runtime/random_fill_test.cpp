@@ -37,9 +37,11 @@ void expect_as_dispatched(at::IntArrayRef shape, at::ScalarType dtype, double p)
   EXPECT_TRUE(at::equal(after_theirs, gen.get_state()));
 }
 
-TEST(RandomFill, CoversBernoulliWithAScalarP) {
+TEST(RandomFill, CoversBernoulliWithAScalarPUniformAndRand) {
   EXPECT_EQ(RandomFill::Op::Bernoulli, RandomFill::covered(handle("aten::bernoulli_", "float")));
-  EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::uniform_", "")));
+  EXPECT_EQ(RandomFill::Op::Uniform, RandomFill::covered(handle("aten::uniform_", "")));
+  EXPECT_EQ(RandomFill::Op::Rand, RandomFill::covered(handle("aten::rand", "")));
+  EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::rand", "generator")));
   EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::bernoulli_", "Tensor")));
   EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::normal_", "")));
 }
@@ -54,6 +56,39 @@ TEST(RandomFill, GivesTheDispatchersBitsAndLeavesItsGeneratorState) {
     }
   }
   EXPECT_EQ(before + 2 * 4 * 5, RandomFill::runs());
+}
+
+// uniform_(0, 1) and rand (torch.rand: a fresh tensor filled so), through the dispatcher and
+// through RandomFill from one generator state: the same bits and the same state after.
+TEST(RandomFill, UniformFromZeroToOneAndRandGiveTheDispatchersBits) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const auto uniform = handle("aten::uniform_", ""), rand = handle("aten::rand", "");
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1}, {5, 7}, {8, 4, 32, 32}, {100003}}) {
+      gen.set_current_seed(99);
+      const at::Tensor theirs = at::empty(shape, dtype);
+      torch::jit::Stack s{theirs, 0.0, 1.0, c10::IValue()};
+      uniform.callBoxed(&s);
+      torch::jit::Stack r{c10::IValue(shape), c10::IValue(dtype), c10::IValue(), c10::IValue(), c10::IValue()};
+      rand.callBoxed(&r);
+      const at::Tensor theirs_rand = r[0].toTensor();
+      const at::Tensor after_theirs = gen.get_state();
+
+      gen.set_current_seed(99);
+      const at::Tensor mine = at::empty(shape, dtype);
+      torch::jit::Stack m{mine, 0.0, 1.0, c10::IValue()};
+      ASSERT_TRUE(RandomFill::run(RandomFill::Op::Uniform, m));
+      torch::jit::Stack q{c10::IValue(shape), c10::IValue(dtype), c10::IValue(), c10::IValue(), c10::IValue()};
+      ASSERT_TRUE(RandomFill::run(RandomFill::Op::Rand, q));
+      const at::Tensor mine_rand = q.at(0).toTensor();
+      EXPECT_EQ(0, std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()));
+      ASSERT_EQ(theirs_rand.sizes(), mine_rand.sizes());
+      ASSERT_EQ(theirs_rand.strides(), mine_rand.strides());
+      ASSERT_EQ(theirs_rand.scalar_type(), mine_rand.scalar_type());
+      EXPECT_EQ(0, std::memcmp(mine_rand.data_ptr(), theirs_rand.data_ptr(), mine_rand.nbytes()));
+      EXPECT_TRUE(at::equal(after_theirs, gen.get_state()));
+    }
+  }
 }
 
 // What it does not cover is left to the dispatcher, the stack untouched: ATen then raises where
@@ -74,6 +109,12 @@ TEST(RandomFill, LeavesOtherCallsToTheDispatcher) {
   EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {at::empty({3}, at::kLong), 0.5, c10::IValue()}));
   EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, 0.5, at::detail::createCPUGenerator(7)}));
   EXPECT_TRUE(untouched(RandomFill::Op::Bernoulli, {x, 0.5}));
+  // Another range: x * (to - from) + from rounds as the build's kernel does (fused or not).
+  EXPECT_TRUE(untouched(RandomFill::Op::Uniform, {x, -1.0, 1.0, c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Uniform, {x.t(), 0.0, 1.0, c10::IValue()}));
+  const c10::IValue size(std::vector<int64_t>{3, 4});
+  EXPECT_TRUE(untouched(RandomFill::Op::Rand, {size, c10::IValue(at::kHalf), c10::IValue(), c10::IValue(), c10::IValue()}));
+  EXPECT_TRUE(untouched(RandomFill::Op::Rand, {size, c10::IValue(), c10::IValue(), c10::IValue(), c10::IValue(true)}));
   EXPECT_TRUE(untouched(RandomFill::Op::None, {x, 0.5, c10::IValue()}));
 }
 
