@@ -46,7 +46,7 @@ TEST(RandomFill, CoversBernoulliWithAScalarPUniformAndRand) {
   EXPECT_EQ(RandomFill::Op::None, RandomFill::covered(handle("aten::normal_", "")));
 }
 
-TEST(RandomFill, MatchesThisProcesssATen) { EXPECT_TRUE(RandomFill::matches_aten()); }
+TEST(RandomFill, MatchesATenInThisProcess) { EXPECT_TRUE(RandomFill::matches_aten()); }
 
 TEST(RandomFill, GivesTheDispatchersBitsAndLeavesItsGeneratorState) {
   const uint64_t before = RandomFill::runs();
