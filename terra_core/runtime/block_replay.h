@@ -103,7 +103,7 @@ struct RecordedKernel {
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
   // null for the others. Used by the GraphRunner thread only.
   std::shared_ptr<ElementwiseReplay> elementwise;
-  // A random fill replayed with its draws inlined (random_fill.h); None for the others.
+  // A random fill replayed with its draws made in batches (random_fill.h); None for the others.
   RandomFill::Op random = RandomFill::Op::None;
 };
 
@@ -283,7 +283,7 @@ class BlockReplayer {
   uint64_t bound_one_thread() const { return bound_one_thread_; }
   // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
   uint64_t spread() const { return spread_; }
-  // Random kernels replayed with their draws inlined (RandomFill).
+  // Random kernels replayed with their draws made in batches (RandomFill).
   uint64_t random_fills() const { return random_fills_; }
 
  private:

@@ -205,7 +205,7 @@ class GraphRunner {
     uint64_t bound_one_thread = 0;  // kernels of bound items run with one thread
     // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
     uint64_t spread = 0;
-    uint64_t random_fills = 0;  // random kernels replayed with their draws inlined (random_fill.h)
+    uint64_t random_fills = 0;  // random kernels replayed with their draws made in batches (random_fill.h)
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
     // did not follow), "blocked" (the program waited before the block's backward was issued).

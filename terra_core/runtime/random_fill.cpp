@@ -1,22 +1,19 @@
 #include "random_fill.h"
 
+#include "python_runner.h"  // Policy::on_unless_zero
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/MT19937RNGEngine.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
-#include <string>
 
 namespace terra::runtime {
 namespace {
-
-std::atomic<uint64_t> fills{0};
 
 constexpr int64_t kChunk = 2048;  // elements per batch of draws (16 KB of them, in L1)
 
@@ -118,9 +115,10 @@ void uniform(double* out, int64_t n, at::CPUGeneratorImpl* gen) {
   });
 }
 
-void fill(RandomFill::Op op, const at::Tensor& self, double p, at::CPUGeneratorImpl* gen) {
+// A Bernoulli mask of `p` (`mask`), else uniform from 0 to 1.
+void fill(bool mask, const at::Tensor& self, double p, at::CPUGeneratorImpl* gen) {
   const bool single = self.scalar_type() == at::kFloat;
-  if (op == RandomFill::Op::Bernoulli) {
+  if (mask) {
     if (single) bernoulli(self.data_ptr<float>(), self.numel(), p, gen);
     else bernoulli(self.data_ptr<double>(), self.numel(), p, gen);
   } else {
@@ -145,10 +143,10 @@ bool same_as_aten() {
   for (const int64_t n : {int64_t{7}, int64_t{3001}, int64_t{40000}}) {
     for (const auto dtype : {at::kFloat, at::kDouble}) {
       const at::Tensor mine = at::empty({n}, dtype), theirs = at::empty({n}, dtype);
-      fill(RandomFill::Op::Bernoulli, mine, 0.3, impl);
+      fill(true, mine, 0.3, impl);
       theirs.bernoulli_(0.3, atens);
       if (std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()) != 0) return false;
-      fill(RandomFill::Op::Uniform, mine, 0, impl);
+      fill(false, mine, 0, impl);
       theirs.uniform_(0, 1, atens);
       if (std::memcmp(mine.data_ptr(), theirs.data_ptr(), mine.nbytes()) != 0) return false;
     }
@@ -157,26 +155,26 @@ bool same_as_aten() {
 }
 
 // rand.default(SymInt[] size, *, ScalarType? dtype, Layout? layout, Device? device, bool? pin_memory):
-// what ATen allocates (`at::empty(size, options)`) where that is a CPU tensor of a covered dtype.
+// what ATen allocates (`at::empty(size, options)`) where that is a non-empty CPU tensor of a
+// covered dtype.
 std::optional<at::Tensor> rand_output(const torch::jit::Stack& stack) {
   if (stack.size() != 5 || !stack[0].isIntList()) return std::nullopt;
+  const std::vector<int64_t> size = stack[0].toIntVector();
+  if (c10::multiply_integers(size) <= 0) return std::nullopt;
   const at::ScalarType dtype = stack[1].isNone() ? c10::typeMetaToScalarType(c10::get_default_dtype())
                                                  : stack[1].toScalarType();
   const bool strided = stack[2].isNone() || stack[2].toLayout() == at::kStrided;
   const bool cpu = stack[3].isNone() || stack[3].toDevice().is_cpu();
   const bool pinned = !stack[4].isNone() && stack[4].toBool();
   if (!strided || !cpu || pinned || (dtype != at::kFloat && dtype != at::kDouble)) return std::nullopt;
-  return at::empty(stack[0].toIntVector(), at::TensorOptions().dtype(dtype));
+  return at::empty(size, at::TensorOptions().dtype(dtype));
 }
 
 }  // namespace
 
 RandomFill::Op RandomFill::covered(const c10::OperatorHandle& op) {
-  static const bool off = [] {  // TERRA_RANDOM_FILL=0: every fill through the dispatcher (A/B runs)
-    const char* v = std::getenv("TERRA_RANDOM_FILL");
-    return v && std::string(v) == "0";
-  }();
-  if (off) return Op::None;
+  static const bool on = Policy::on_unless_zero("TERRA_RANDOM_FILL");  // 0: through the dispatcher (A/B runs)
+  if (!on) return Op::None;
   const auto& name = op.schema().operator_name();
   if (name.name == "aten::bernoulli_" && name.overload_name == "float") return Op::Bernoulli;
   if (name.name == "aten::uniform_" && name.overload_name.empty()) return Op::Uniform;
@@ -190,6 +188,7 @@ bool RandomFill::matches_aten() {
 }
 
 bool RandomFill::run(Op op, torch::jit::Stack& stack) {
+  if (op == Op::None || !matches_aten()) return false;
   at::Tensor self;
   double p = 0;
   if (op == Op::Bernoulli) {
@@ -204,28 +203,16 @@ bool RandomFill::run(Op op, torch::jit::Stack& stack) {
         stack[1].toDouble() != 0 || stack[2].toDouble() != 1 || !stack[3].isNone())
       return false;
     self = stack[0].toTensor();
-  } else if (op == Op::Rand) {
-    if (!matches_aten()) return false;
+  } else {
     std::optional<at::Tensor> out = rand_output(stack);
     if (!out) return false;
-    self = *out;  // a fresh tensor, as ATen's rand makes it, filled below as its uniform_(0, 1)
-    if (self.numel() == 0) {
-      stack.clear();
-      stack.emplace_back(std::move(self));
-      return true;
-    }
-  } else {
-    return false;
+    self = std::move(*out);  // a fresh tensor, as ATen's rand makes it, filled as its uniform_(0, 1)
   }
-  if (!fillable(self) || !matches_aten()) return false;
-  fill(op == Op::Bernoulli ? Op::Bernoulli : Op::Uniform, self,
-       p, at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator()));
+  if (!fillable(self)) return false;
+  fill(op == Op::Bernoulli, self, p, at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator()));
   stack.clear();
   stack.emplace_back(std::move(self));
-  fills.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
-
-uint64_t RandomFill::runs() { return fills.load(std::memory_order_relaxed); }
 
 }  // namespace terra::runtime

@@ -44,8 +44,6 @@ class RandomFill {
   static bool run(Op op, torch::jit::Stack& stack);
   // Whether the fills give ATen's bits and generator states in this process (checked once).
   static bool matches_aten();
-  // The fills made by `run` in this process.
-  static uint64_t runs();
 };
 
 }  // namespace terra::runtime
