@@ -11,6 +11,48 @@ namespace terra::runtime {
 
 namespace {
 
+// Random ops whose kernels touch no generator where a probability argument is 0 or the training
+// flag is false: ATen's `dropout` and its kin return their input (or zeros) before any draw
+// (`_dropout_impl`; the fused kernel is taken only for p > 0), and the CPU kernels of
+// scaled_dot_product_attention apply dropout only for dropout_p > 0. (native_dropout is not
+// among them: it draws a mask of ones at p = 0.)
+void note_no_draw_arguments(const c10::OperatorHandle& op, OpTemplate& t) {
+  const std::string& name = op.operator_name().name;
+  static const char* const kDropouts[] = {"aten::dropout", "aten::dropout_", "aten::feature_dropout",
+                                          "aten::feature_dropout_", "aten::alpha_dropout",
+                                          "aten::alpha_dropout_", "aten::feature_alpha_dropout",
+                                          "aten::feature_alpha_dropout_"};
+  const bool dropout = std::find(std::begin(kDropouts), std::end(kDropouts), name) != std::end(kDropouts);
+  const bool attention = name == "aten::scaled_dot_product_attention";
+  if (!dropout && !attention) return;
+  const auto& arguments = op.schema().arguments();
+  for (size_t i = 0; i < arguments.size() && i < 127; ++i) {
+    const std::string& a = arguments[i].name();
+    if (a == (attention ? "dropout_p" : "p")) t.random_p_arg = static_cast<int8_t>(i);
+    if (a == "train") t.random_train_arg = static_cast<int8_t>(i);
+  }
+  t.random_cpu_only = attention;
+}
+
+}  // namespace
+
+bool OpTemplate::draws(const std::vector<c10::IValue>& args) const {
+  if (!random) return false;
+  if (random_p_arg < 0 && random_train_arg < 0) return true;
+  if (random_cpu_only) {
+    for (const c10::IValue& v : args)
+      if (v.isTensor() && v.toTensor().defined() && !v.toTensor().device().is_cpu()) return true;
+  }
+  const auto at = [&](int8_t i) -> const c10::IValue* {
+    return i >= 0 && static_cast<size_t>(i) < args.size() ? &args[static_cast<size_t>(i)] : nullptr;
+  };
+  if (const c10::IValue* p = at(random_p_arg); p && p->isDouble() && p->toDouble() == 0.0) return false;
+  if (const c10::IValue* train = at(random_train_arg); train && train->isBool() && !train->toBool()) return false;
+  return true;
+}
+
+namespace {
+
 using Kind = ArgSpec::Kind;
 
 // The kind of a Python number fed to an op; a change of kind (int -> float) changes type
@@ -257,6 +299,7 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
       t.mode = ExecMode::Fetch;
     }
     t.random = op->hasTag(at::Tag::nondeterministic_seeded);
+    if (t.random) note_no_draw_arguments(*op, t);
     // A draw from a generator of the program's own (`torch.randn(..., generator=g)`, a
     // DataLoader's shuffling) runs in the program thread, in order with what the program does to
     // that generator: `g.manual_seed`, `g.get_state`, `g.set_state` are methods of an immutable

@@ -80,6 +80,16 @@ struct OpTemplate {
   bool mutates_input = false;       // some argument is written (in-place / out=)
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)
+  // For the random ops that draw nothing at a probability of 0 or outside training (dropout and
+  // its kin; scaled_dot_product_attention on the CPU): the argument positions of that probability
+  // and of the training flag (-1: none). See `draws`.
+  int8_t random_p_arg = -1;
+  int8_t random_train_arg = -1;
+  bool random_cpu_only = false;     // the rule holds on the CPU only
+  // Whether this call of a random op draws from the default generator: false where its
+  // probability is 0 or it does not train (`p=0.0` dropouts of Hugging Face configs, and their
+  // attention's `dropout_p=0.0`), so a later draw in the program thread need not wait for it.
+  bool draws(const std::vector<c10::IValue>& args) const;
   bool scalar_outputs = false;      // every output is a 0-d tensor (host scalar candidate)
   // Bytes of the values its placeholders keep alive until its item is dropped (an in-place
   // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower

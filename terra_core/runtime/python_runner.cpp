@@ -1155,7 +1155,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     item = &r.next_item();
   }
   const uint64_t seq = r.issued() + 1;
-  if (t.random) {
+  if (t.draws(*stack)) {
     last_random_item_ = seq;
     random_item_iteration_ = iteration_serial_;
   }
