@@ -13,6 +13,8 @@ OpenMP worker). Per child: the program's `make(0)`, 10 warm-up steps, then 5 tim
 
 `--worker-spin` runs this build once per listed setting of what the GraphRunner's idle OpenMP
 workers do (TERRA_WORKER_SPIN; runtime/openmp_team.h) instead of once with the default.
+`--variants` runs it once per listed environment instead: variants separated by commas, settings
+within one by `+` (`TERRA_WORKER_SPIN=sleep+TERRA_LANES=0,TERRA_WORKER_SPIN=sleep`).
 """
 import argparse
 import json
@@ -64,13 +66,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--worker-spin", help="comma-separated TERRA_WORKER_SPIN settings to run this build with")
+    ap.add_argument("--variants", help="comma-separated environments (NAME=VALUE, joined by +) to run this build with")
     ap.add_argument("--out", help="write <out>.json and <out>.md")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], int(args.child[2]))
     spins = args.worker_spin.split(",") if args.worker_spin else []
-    builds = ([(s, None, {"TERRA_WORKER_SPIN": s}) for s in spins] or [("this", None, None)]) + \
+    variants = [(v, None, dict(kv.split("=", 1) for kv in v.split("+"))) for v in args.variants.split(",")] \
+        if args.variants else []
+    builds = ([(s, None, {"TERRA_WORKER_SPIN": s}) for s in spins] + variants or [("this", None, None)]) + \
         ([("base", args.base, None)] if args.base else [])
     runs = {}
     for _ in range(args.rounds):

@@ -857,7 +857,10 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
   // time, the other core busy): a 256x256 add's 5 us measured 50 in some runs, and spreading it
   // woke the OpenMP worker, which then spun beside the program (1x1-to-256x256 chains, bench/per_op.py:
   // 14.7 us of CPU per op where 7.1 without). The fastest of the one-thread runs decides too.
-  if (one_thread_ns != UINT64_MAX) checked.spread = checked.spread && one_thread_ns >= RecordedKernel::kSpreadNs;
+  if (one_thread_ns != UINT64_MAX) {
+    checked.spread = checked.spread && one_thread_ns >= RecordedKernel::kSpreadNs;
+    checked.ran_ns = static_cast<uint32_t>(std::min<uint64_t>(checked.ran_ns, one_thread_ns));
+  }
   if (m.check_key != 0) Verdicts::process().store(m.check_key, same);
 }
 
@@ -870,6 +873,7 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
   for (uint32_t i = 0; i < k.outs; ++i) k.spread = k.spread || large_for_threads(stack[stack.size() - k.outs + i]);
   k.large = k.spread;
   k.spread = k.spread && ran_ns >= RecordedKernel::kSpreadNs;
+  k.ran_ns = static_cast<uint32_t>(std::min<uint64_t>(ran_ns, UINT32_MAX));
   m.ran_ns = ran_ns;
   k.first_out = m.block.table_size;
   for (uint32_t i = 0; i < k.outs; ++i) {
@@ -1037,6 +1041,58 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
   m.item = nullptr;
 }
 
+namespace {
+
+// Whether a kernel may draw random numbers: a Generator argument, or a name of the random
+// operators that take none (native_dropout, rand_like...). Such kernels keep their order.
+bool draws_random(const c10::OperatorHandle& op) {
+  for (const c10::Argument& a : op.schema().arguments()) {
+    const c10::TypePtr& t = a.type();
+    if (t->kind() == c10::TypeKind::GeneratorType) return true;
+    if (const auto opt = t->cast<c10::OptionalType>(); opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType)
+      return true;
+  }
+  const std::string& name = op.operator_name().name;
+  for (const char* word : {"rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "rrelu", "uniform",
+                           "exponential", "geometric", "cauchy", "random"})
+    if (name.find(word) != std::string::npos) return true;
+  return false;
+}
+
+void table_reads(const Block& block, const Ref& r, std::vector<uint32_t>& out) {
+  switch (r.kind) {
+    case Ref::Kind::Value: out.push_back(r.id); break;
+    case Ref::Kind::Grad: table_reads(block, block.leaves[r.id], out); break;
+    case Ref::Kind::List:
+      for (const Ref& e : r.list) table_reads(block, e, out);
+      break;
+    case Ref::Kind::Const: break;
+  }
+}
+
+// A LanePlan (kernel_lanes.h) for each item with enough independent kernels.
+void plan_lanes(Block& block) {
+  for (ItemPlan& p : block.items) {
+    const uint32_t n = p.kernels_end - p.kernels_begin;
+    if (n < LanePlan::kMinKernels) continue;
+    std::vector<std::vector<uint32_t>> reads(n), outs(n), drops(n);
+    std::vector<bool> free(n), helped(n), parallel(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      const RecordedKernel& k = block.kernels[p.kernels_begin + i];
+      for (const Ref& a : k.args) table_reads(block, a, reads[i]);
+      for (uint32_t o = 0; o < k.outs; ++o) outs[i].push_back(k.first_out + o);
+      drops[i] = k.release;
+      free[i] = k.written.empty() && k.one_thread && k.random == RandomFill::Op::None &&
+                k.keys.highestBackendKey() == c10::BackendComponent::CPUBit && !draws_random(*k.op);
+      helped[i] = free[i] && k.ran_ns >= LanePlan::kHelpNs;
+      parallel[i] = !k.one_thread;
+    }
+    p.lanes = make_lane_plan(reads, outs, drops, free, helped, parallel);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Block> BlockRecorder::finish() {
   Impl& m = *impl_;
   for (const auto& [item, node] : m.pending) {
@@ -1075,6 +1131,7 @@ std::unique_ptr<Block> BlockRecorder::finish() {
         if (m.last_read[rk.first_out + o].item < 0) p.release.push_back(rk.first_out + o);
     }
   }
+  plan_lanes(*block);
   return block;
 }
 
@@ -1323,6 +1380,58 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
+void BlockReplayer::run_kernel(const RecordedKernel& k, int num_threads, bool helper, bool alone) {
+  torch::jit::Stack stack;
+  stack.reserve(k.args.size());
+  for (const Ref& a : k.args) stack.push_back(value(a));
+  c10::SmallVector<at::Tensor, 2> written;
+  for (uint32_t w : k.written) {
+    const c10::IValue& v = stack[w];
+    if (v.isTensor()) {
+      written.push_back(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) written.push_back(t);
+    }
+  }
+  at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
+  const bool spreads = alone && spread(k, num_threads);
+  if (!helper) spread_ += spreads;
+  const int threads = k.one_thread && !spreads ? 1 : num_threads;
+  if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
+  if (threads > 1 && k.large) note_parallel_region();
+  // A kernel marked for spreading that runs on one thread is timed: one that ran in under
+  // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
+  // from the cache file skips the recording's own one-thread runs) and is spread no more.
+  const bool timed = !helper && k.spread && threads == 1;
+  const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
+  if (!helper) random_fills_ += filled;
+  const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
+  if (!ran) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    k.op->redispatchBoxed(k.keys, &stack);
+  }
+  if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))
+    k.spread = false;
+  // What eager's ADInplaceOrView does around the kernel: bump the version of what it
+  // wrote; a view shares its base's version counter.
+  for (const at::Tensor& w : written)
+    if (w.defined()) w.unsafeGetTensorImpl()->bump_version();
+  for (uint32_t o = 0; o < k.outs; ++o) {
+    c10::IValue& out = stack[stack.size() - k.outs + o];
+    if (base.defined()) {
+      const auto& counter = base.unsafeGetTensorImpl()->version_counter();
+      if (out.isTensor()) {
+        out.toTensor().unsafeGetTensorImpl()->set_version_counter(counter);
+      } else if (out.isTensorList()) {
+        for (const at::Tensor& t : out.toTensorList()) t.unsafeGetTensorImpl()->set_version_counter(counter);
+      }
+    }
+    table_[k.first_out + o] = std::move(out);
+  }
+  for (uint32_t id : k.release) table_[id] = c10::IValue();
+}
+
 void BlockReplayer::run(WorkItem& item) {
   const Block& block = *block_;
   const ItemPlan& p = block.items[next_++];
@@ -1335,59 +1444,23 @@ void BlockReplayer::run(WorkItem& item) {
     }
     case OpKind::GradWrite: run_grad_write(item); break;
     default: {
-      torch::jit::Stack stack;
-      for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
-        const RecordedKernel& k = block.kernels[ki];
-        stack.clear();
-        stack.reserve(k.args.size());
-        for (const Ref& a : k.args) stack.push_back(value(a));
-        c10::SmallVector<at::Tensor, 2> written;
-        for (uint32_t w : k.written) {
-          const c10::IValue& v = stack[w];
-          if (v.isTensor()) {
-            written.push_back(v.toTensor());
-          } else if (v.isTensorList()) {
-            for (const at::Tensor& t : v.toTensorList()) written.push_back(t);
-          }
+      // Only while the GraphRunner's OpenMP workers sleep (openmp_team.h): where they spin, a
+      // helping program thread shares a core with one, and a long kernel is spread over them
+      // while the program waits instead (forced co-execution with spinning workers: hf_llama
+      // 5.38 -> 6.21 ms per step; bert, payoff check on, 6.4-7.2 -> 7.0-7.9).
+      if (p.lanes && lanes_ && openmp_spinning_limited()) {
+        // A helping thread runs kernels with this thread's dispatch keys, less the recording hook.
+        c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+        keys.included_ = keys.included_.remove(kRecordKey);
+        helped_ += lanes_->run(*p.lanes, keys, [&](uint32_t i, bool helper) {
+          run_kernel(block.kernels[p.kernels_begin + i], item.num_threads, helper, p.lanes->barrier[i]);
+        });
+        kernels_ += p.kernels_end - p.kernels_begin;
+      } else {
+        for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
+          run_kernel(block.kernels[ki], item.num_threads, /*helper=*/false, /*alone=*/true);
+          ++kernels_;
         }
-        at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-        const bool spreads = spread(k, item.num_threads);
-        spread_ += spreads;
-        const int threads = k.one_thread && !spreads ? 1 : item.num_threads;
-        if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
-        if (threads > 1 && k.large) note_parallel_region();
-        // A kernel marked for spreading that runs on one thread is timed: one that ran in under
-        // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
-        // from the cache file skips the recording's own one-thread runs) and is spread no more.
-        const bool timed = k.spread && threads == 1;
-        const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-        const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
-        random_fills_ += filled;
-        const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
-        if (!ran) {
-          at::AutoDispatchBelowADInplaceOrView below;
-          k.op->redispatchBoxed(k.keys, &stack);
-        }
-        if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))
-          k.spread = false;
-        // What eager's ADInplaceOrView does around the kernel: bump the version of what it
-        // wrote; a view shares its base's version counter.
-        for (const at::Tensor& w : written)
-          if (w.defined()) w.unsafeGetTensorImpl()->bump_version();
-        for (uint32_t o = 0; o < k.outs; ++o) {
-          c10::IValue& out = stack[stack.size() - k.outs + o];
-          if (base.defined()) {
-            const auto& counter = base.unsafeGetTensorImpl()->version_counter();
-            if (out.isTensor()) {
-              out.toTensor().unsafeGetTensorImpl()->set_version_counter(counter);
-            } else if (out.isTensorList()) {
-              for (const at::Tensor& t : out.toTensorList()) t.unsafeGetTensorImpl()->set_version_counter(counter);
-            }
-          }
-          table_[k.first_out + o] = std::move(out);
-        }
-        for (uint32_t id : k.release) table_[id] = c10::IValue();
-        ++kernels_;
       }
       break;
     }

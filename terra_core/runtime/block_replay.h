@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "autograd_node.h"
+#include "kernel_lanes.h"
 #include "openmp_team.h"
 #include "random_fill.h"
 
@@ -99,6 +100,8 @@ struct RecordedKernel {
   // may run on one thread whatever the count, and noting it would keep every later kernel
   // spread on the strength of workers that never woke.
   bool large = false;
+  // How long it ran when recorded (the fastest of the recording's one-thread runs, where made).
+  uint32_t ran_ns = 0;
   std::vector<uint32_t> release;    // table entries last read by this kernel
   // An elementwise operator that replays through a kept TensorIterator (elementwise_replay.h);
   // null for the others. Used by the GraphRunner thread only.
@@ -152,6 +155,8 @@ struct ItemPlan {
   };
   std::vector<LeafState> leaf_states;
   std::vector<uint32_t> release;    // table entries last read by this item (after its kernels)
+  // Which of its kernels may run beside each other (kernel_lanes.h); null: in order.
+  std::shared_ptr<const LanePlan> lanes;
 };
 
 struct Block {
@@ -264,6 +269,8 @@ class BlockReplayer {
   void run(WorkItem& item);
   // Whether the program thread waits for the GraphRunner (see run; bound kernels use it too).
   void set_program_waits(std::function<bool()> waits) { program_waits_ = std::move(waits); }
+  // Items with a LanePlan run their kernels on these two threads (null: in order, on this one).
+  void set_lanes(KernelLanes* lanes) { lanes_ = lanes; }
   // Binding: the next item (which must follow) runs through autograd as usual (`execute`), and
   // the backend kernels it reaches are matched, in order, with the recorded ones, their outputs
   // taking the recorded ones' places in the table, so that a later replayed item (the backward)
@@ -285,6 +292,8 @@ class BlockReplayer {
   uint64_t spread() const { return spread_; }
   // Random kernels replayed with their draws made in batches (RandomFill).
   uint64_t random_fills() const { return random_fills_; }
+  // Kernels a waiting program thread ran (kernel_lanes.h).
+  uint64_t helped() const { return helped_; }
 
  private:
   c10::IValue value(const Ref& r) const;
@@ -292,7 +301,12 @@ class BlockReplayer {
   // The tensor of leaf `leaf` (from the table or, not replayed yet, its item).
   at::Tensor leaf_tensor(uint32_t leaf, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   void load(const ItemPlan& p, WorkItem& item);
+  // Runs one kernel of the block on the calling thread (`helper`: the lanes' helper thread, which
+  // runs free kernels only, with one intra-op thread, and counts nothing). `alone`: no other
+  // kernel runs meanwhile (in order, or a barrier of a LanePlan), so it may be spread.
+  void run_kernel(const RecordedKernel& k, int num_threads, bool helper, bool alone);
   const Block* block_ = nullptr;
+  KernelLanes* lanes_ = nullptr;
   uint32_t next_ = 0;
   uint32_t bind_cursor_ = 0, bind_end_ = 0;  // binding: the next recorded kernel, the item's end
   bool bind_ok_ = true;
@@ -303,6 +317,7 @@ class BlockReplayer {
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
   uint64_t random_fills_ = 0;
+  uint64_t helped_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
   bool spread(const RecordedKernel& k, int threads) const {

@@ -3,6 +3,7 @@
 #include "block_replay.h"
 #include "op_template.h"
 #include "openmp_team.h"
+#include "python_runner.h"  // Policy::on_unless_zero
 #include "runner_allocator.h"
 #include "timeline.h"
 
@@ -154,6 +155,7 @@ struct BlockStore {
   uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
   uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
   uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
+  uint64_t helped_counted = 0;            // replayer.helped() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
@@ -211,6 +213,18 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capacity) {
   blocks_ = std::make_unique<BlockStore>();
   blocks_->replayer.set_program_waits([this] { return python_blocked(); });
+  // TERRA_LANES=0: every item's kernels in order on this thread (A/B runs).
+  static const bool lanes = Policy::on_unless_zero("TERRA_LANES");
+  if (lanes) {
+    lanes_ = std::make_unique<KernelLanes>([this] {
+      // A program thread asleep in wait_for may help with the job.
+      if (wait_target_.load() != 0) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_cv_.notify_all();
+      }
+    });
+    blocks_->replayer.set_lanes(lanes_.get());
+  }
   install_record_hook();
   thread_ = std::thread([this] { loop(); });
   thread_clock_ok_ = pthread_getcpuclockid(thread_.native_handle(), &thread_clock_) == 0;
@@ -314,11 +328,22 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
     ~Clear() { w.store(0); }
   } clear{waiter_};
   if (sleeping_.load() != kAwake) wake();  // pending work below the batch size: start it now
-  if (spin && spin_until([&] { return done() >= seq; }, kSpinNs)) return;
-  std::unique_lock<std::mutex> lock(mutex_);
-  wait_target_.store(seq);
-  done_cv_.wait(lock, [&] { return done() >= seq; });
-  wait_target_.store(0);
+  // Meanwhile this thread runs free kernels of the GraphRunner's item (kernel_lanes.h), once per
+  // item: an item it left idle is not entered again.
+  uint64_t helped = 0;
+  const std::function<bool()> waiting = [&] { return done() < seq; };
+  if (lanes_) lanes_->help(waiting, helped);
+  if (spin && spin_until([&] { return done() >= seq || (lanes_ && lanes_->has_job(helped)); }, kSpinNs) &&
+      done() >= seq)
+    return;
+  for (;;) {
+    if (lanes_) lanes_->help(waiting, helped);
+    std::unique_lock<std::mutex> lock(mutex_);
+    wait_target_.store(seq);
+    done_cv_.wait(lock, [&] { return done() >= seq || (lanes_ && lanes_->has_job(helped)); });
+    wait_target_.store(0);
+    if (done() >= seq) return;
+  }
 }
 
 uint64_t GraphRunner::issue_control(OpKind kind) {
@@ -410,6 +435,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.bound_one_thread += c.bound_one_thread;
     total.spread += c.spread;
     total.random_fills += c.random_fills;
+    total.helped += c.helped;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -423,8 +449,9 @@ void GraphRunner::flush_counts() {
   const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
   const uint64_t spread = b.replayer.spread() - b.spread_counted;
   const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
+  const uint64_t helped = b.replayer.helped() - b.helped_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0)
+      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0 && helped == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -441,6 +468,8 @@ void GraphRunner::flush_counts() {
   b.spread_counted = b.replayer.spread();
   c.random_fills += random_fills;
   b.random_fills_counted = b.replayer.random_fills();
+  c.helped += helped;
+  b.helped_counted = b.replayer.helped();
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {

@@ -118,6 +118,7 @@ void fill_output(WorkItem& item, size_t k, const at::Tensor& value);
 
 class BlockRecorder;
 struct BlockStore;  // graph_runner.cpp
+class KernelLanes;  // kernel_lanes.h
 
 class GraphRunner {
  public:
@@ -205,6 +206,7 @@ class GraphRunner {
     uint64_t bound_one_thread = 0;  // kernels of bound items run with one thread
     // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
     uint64_t spread = 0;
+    uint64_t helped = 0;        // kernels the waiting program thread ran (kernel_lanes.h)
     uint64_t random_fills = 0;  // random kernels replayed with their draws made in batches (random_fill.h)
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
@@ -250,6 +252,7 @@ class GraphRunner {
   std::atomic<bool> replay_{true};
   std::atomic<bool> accelerator_blocks_{false};
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
+  std::unique_ptr<KernelLanes> lanes_;  // kernel_lanes.h: the replayed items' second thread
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
   // GraphRunner thread (wait_for_work): the last item ended a wait of the Python thread (its
   // graph and node, plus one; 0: it did not), and, by such item, whether the last idle time

@@ -142,6 +142,26 @@ void set_intraop_threads(int n) {
   if (mkl) mkl(n);
 }
 
+IntraopThreads swap_intraop_threads(int n) {
+  static const auto omp_get = find<int (*)()>("omp_get_max_threads", "libgomp.so.1");
+  static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
+  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
+  IntraopThreads previous;
+  if (omp_get && omp) {
+    previous.omp = omp_get();
+    omp(n);
+  }
+  if (mkl) previous.mkl = mkl(n);
+  return previous;
+}
+
+void restore_intraop_threads(const IntraopThreads& previous) {
+  static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
+  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
+  if (omp && previous.omp > 0) omp(previous.omp);
+  if (mkl && previous.mkl >= 0) mkl(previous.mkl);
+}
+
 void release_openmp_team() {
   static const PauseAll pause = find<PauseAll>("omp_pause_resource_all", "libgomp.so.1");
   if (pause) pause(kPauseSoft);

@@ -46,6 +46,14 @@ void release_openmp_team();
 // and MKL's sgemm gives other bits with another thread count); it clears oneDNN's primitive cache
 // (every convolution of the program rebuilds its primitive); it resizes the pthreadpool.
 void set_intraop_threads(int n);
+// The calling thread's counts as set_intraop_threads sets them, to put back exactly.
+struct IntraopThreads {
+  int omp = 0;   // OpenMP's nthreads ICV
+  int mkl = -1;  // MKL's thread-local count (0: MKL's global one); -1: no MKL
+};
+// Sets `n` like set_intraop_threads and returns what was set before.
+IntraopThreads swap_intraop_threads(int n);
+void restore_intraop_threads(const IntraopThreads& previous);
 
 // While the GraphRunner holds the team, its idle workers should wait asleep, not spinning.
 //
