@@ -266,6 +266,7 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
       else if (key == "replay") p.replay = item.second.cast<bool>();
       else if (key == "accelerator_blocks") p.accelerator_blocks = item.second.cast<bool>();
+      else if (key == "lanes") p.lanes = item.second.cast<bool>();
       else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
       else if (key == "worker_spin") {
@@ -289,6 +290,7 @@ PYBIND11_MODULE(_C, m) {
     d["adaptive"] = p.adaptive;
     d["replay"] = p.replay;
     d["accelerator_blocks"] = p.accelerator_blocks;
+    d["lanes"] = p.lanes;
     d["fast_path"] = p.fast_path;
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;

@@ -3,7 +3,6 @@
 #include "block_replay.h"
 #include "op_template.h"
 #include "openmp_team.h"
-#include "python_runner.h"  // Policy::on_unless_zero
 #include "runner_allocator.h"
 #include "timeline.h"
 
@@ -213,18 +212,13 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capacity) {
   blocks_ = std::make_unique<BlockStore>();
   blocks_->replayer.set_program_waits([this] { return python_blocked(); });
-  // TERRA_LANES=0: every item's kernels in order on this thread (A/B runs).
-  static const bool lanes = Policy::on_unless_zero("TERRA_LANES");
-  if (lanes) {
-    lanes_ = std::make_unique<KernelLanes>([this] {
-      // A program thread asleep in wait_for may help with the job.
-      if (wait_target_.load() != 0) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_cv_.notify_all();
-      }
-    });
-    blocks_->replayer.set_lanes(lanes_.get());
-  }
+  lanes_ = std::make_unique<KernelLanes>([this] {
+    // A program thread asleep in wait_for may help with the job.
+    if (wait_target_.load() != 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_cv_.notify_all();
+    }
+  });
   install_record_hook();
   thread_ = std::thread([this] { loop(); });
   thread_clock_ok_ = pthread_getcpuclockid(thread_.native_handle(), &thread_clock_) == 0;
@@ -479,6 +473,7 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   hold_.store(seq);  // seq_cst, before `done_` passes it
   b.iteration = item.iteration;
   b.graph = item.graph;
+  b.replayer.set_lanes(lanes_on_.load(std::memory_order_relaxed) ? lanes_.get() : nullptr);
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
   if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
   b.first = {item.graph, item.node, static_cast<int>(item.kind)};

@@ -180,9 +180,11 @@ class GraphRunner {
 
   // Block replay (block_replay.h): on by default; set by the Python thread.
   // `accelerators`: blocks on accelerator streams too (Policy::accelerator_blocks).
-  void set_replay(bool on, bool accelerators = false) {
+  // `lanes`: a waiting program thread runs independent replayed kernels (Policy::lanes).
+  void set_replay(bool on, bool accelerators = false, bool lanes = false) {
     replay_.store(on, std::memory_order_relaxed);
     accelerator_blocks_.store(accelerators, std::memory_order_relaxed);
+    lanes_on_.store(lanes, std::memory_order_relaxed);
   }
   struct ReplayCounts {
     uint64_t iterations = 0;  // co-executed iterations replayed whole
@@ -251,6 +253,7 @@ class GraphRunner {
   }
   std::atomic<bool> replay_{true};
   std::atomic<bool> accelerator_blocks_{false};
+  std::atomic<bool> lanes_on_{false};
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::unique_ptr<KernelLanes> lanes_;  // kernel_lanes.h: the replayed items' second thread
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)

@@ -33,7 +33,10 @@
 //
 // Measured (bench/results/forced_coexec_lanes.md, forced co-execution with the workers asleep,
 // 3 interleaved rounds, ms per step, lanes off -> on): hf_bert 5.97 -> 4.69, gpt 7.73 -> 7.71,
-// hf_gpt2 6.60 -> 6.63. `TERRA_LANES=0` turns them off.
+// hf_gpt2 6.60 -> 6.63 in runs of 40 steps; in runs of 150 (`forced_coexec_lanes_150.md`)
+// hf_bert 5.59 -> 5.59, hf_llama 4.48 -> 4.52: the program thread's CPU rose by the kernels it
+// ran (2.14 -> 3.14 ms per step) while the GraphRunner's did not fall (4.68 -> 4.76), waiting
+// for them. Off by default: `terra.config(lanes=True)` or TERRA_LANES=1.
 #pragma once
 
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -500,7 +500,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_active(true);
     runner_team_ = true;
   }
-  if (want == Mode::CoExec) runner().set_replay(policy_.replay, policy_.accelerator_blocks);
+  if (want == Mode::CoExec) runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
   spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
                                            (choosing_spin() && graph_->workers_asleep));
   graph_->iterations_workers_asleep += spin_limited_;

@@ -56,6 +56,10 @@ struct Policy {
   // backward's kernels come from the autograd engine's device thread). Off until a device run
   // has checked them against eager execution; TERRA_ACCELERATOR_BLOCKS=1 turns it on by default.
   bool accelerator_blocks = on_if_one("TERRA_ACCELERATOR_BLOCKS");
+  // A waiting program thread runs independent kernels of the replayed backward (kernel_lanes.h),
+  // while the GraphRunner's OpenMP workers sleep. Off by default: no steady gain measured on two
+  // cores (bench/results/forced_coexec_lanes*.md); TERRA_LANES=1 turns it on by default.
+  bool lanes = on_if_one("TERRA_LANES");
   // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
   bool fast_path = on_unless_zero("TERRA_FAST_PATH");

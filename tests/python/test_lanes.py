@@ -1,5 +1,9 @@
 """Kernel lanes (terra_core/runtime/kernel_lanes.h): while the program thread waits for the
 GraphRunner, it runs independent kernels of the replayed backward itself, with eager's bits."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,23 +12,26 @@ import terra
 
 
 @pytest.fixture(autouse=True)
-def replay_on(fresh_graphs):  # tests/python/conftest.py
-    terra.config(replay=True)
+def lanes_on(fresh_graphs):  # tests/python/conftest.py
+    terra.config(replay=True, lanes=True)
 
 
 class Branches(torch.nn.Module):
-    """Four independent branches of two 192-wide layers: each one's backward kernels (two
-    matmuls and a sum per layer) are free of the others', and long enough to be worth a thread."""
+    """Four independent branches: each one's backward kernels are free of the others', and its
+    elementwise ones (over 256x512 values) are long enough to be worth the program thread."""
 
     def __init__(self):
         super().__init__()
-        self.branches = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(192, 192), torch.nn.Tanh(), torch.nn.Linear(192, 192))
-            for _ in range(4))
+        self.up = torch.nn.ModuleList(torch.nn.Linear(192, 512) for _ in range(4))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(512, 192) for _ in range(4))
         self.head = torch.nn.Linear(192, 1)
 
     def forward(self, x):
-        return self.head(sum(b(x) for b in self.branches))
+        out = 0
+        for up, down in zip(self.up, self.down):
+            h = torch.tanh(up(x))
+            out = out + down(h * torch.sigmoid(h))
+        return self.head(out)
 
 
 def branches_train(steps):
@@ -70,3 +77,23 @@ def test_no_lanes_while_the_workers_spin():
     s = terra.stats("branches_train")
     assert s["iterations_replayed"] >= 10, s
     assert s["kernels_run_by_waiting_program"] == 0, s
+
+
+def test_lanes_turned_off_leave_the_program_thread_waiting():
+    terra.config(lanes=False, worker_spin="sleep")
+    try:
+        (me, le), (mc, lc) = branches_train(20), terra.run(branches_train, 20)
+    finally:
+        terra.config(worker_spin="auto")
+    assert le == lc
+    s = terra.stats("branches_train")
+    assert s["iterations_replayed"] >= 10, s
+    assert s["kernels_run_by_waiting_program"] == 0, s
+
+
+def test_lanes_are_off_by_default_and_on_with_terra_lanes_1():
+    env = {k: v for k, v in os.environ.items() if k != "TERRA_LANES"}
+    ask = [sys.executable, "-c", "import terra; print(terra.config()['lanes'])"]
+    assert subprocess.run(ask, env=env, capture_output=True, text=True, check=True).stdout.strip() == "False"
+    env["TERRA_LANES"] = "1"
+    assert subprocess.run(ask, env=env, capture_output=True, text=True, check=True).stdout.strip() == "True"

@@ -387,5 +387,7 @@ def config(**settings):
     by default) and worker_spin (what the GraphRunner's idle OpenMP workers do while
     co-executing: "spin" as eager's do, "sleep" soon after each parallel region, leaving the
     core to Python, or "auto", the default: each graph times both and keeps the faster;
-    TERRA_WORKER_SPIN sets the default)."""
+    TERRA_WORKER_SPIN sets the default) and lanes (while the GraphRunner's workers sleep, a
+    program thread waiting for it runs independent kernels of the replayed backward; off by
+    default, TERRA_LANES=1 turns it on by default)."""
     return _c().policy(**settings)
