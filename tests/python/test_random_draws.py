@@ -51,6 +51,7 @@ def test_a_draw_waits_only_for_ops_that_draw(p):
     s = terra.stats("attention_train")
     assert s["iterations_coexecuted"] >= 20, s
     if p == 0.0:
-        assert waits == [], waits  # sdpa and dropout at p = 0 draw nothing: nothing to wait for
-    else:
-        assert len(waits) >= 10, (len(waits), s)  # each step's draw waits for the last dropout
+        # sdpa and dropout at p = 0 draw nothing: no draw waits for them. (At p = 0.1 each step's
+        # draw waits for the previous step's last dropout where the GraphRunner has not passed it
+        # yet, which depends on timing: that case checks the bits alone.)
+        assert waits == [], waits
