@@ -4,6 +4,7 @@
 #include "op_template.h"
 #include "openmp_team.h"
 #include "runner_allocator.h"
+#include "spin.h"
 #include "timeline.h"
 
 #include <ATen/Parallel.h>
@@ -185,14 +186,6 @@ constexpr auto kNap = std::chrono::microseconds(200);
 // co-execution the GraphRunner does not spin at all: the cores are the program's.
 constexpr int64_t kSpinNs = 20000;
 constexpr int64_t kIdleSpinNs = 1000000;
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 template <typename Pred>
 bool spin_until(Pred&& ready, int64_t budget_ns) {

@@ -1,6 +1,7 @@
 #include "kernel_lanes.h"
 
 #include "openmp_team.h"
+#include "spin.h"
 #include "timeline.h"  // now_ns
 
 #include <algorithm>
@@ -9,14 +10,6 @@
 namespace terra::runtime {
 
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 enum State : uint8_t { kPending = 0, kClaimed = 1, kDone = 2 };
 

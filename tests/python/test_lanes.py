@@ -67,8 +67,10 @@ def test_a_waiting_program_thread_runs_backward_kernels_with_eagers_bits(workers
     assert s["kernels_run_by_waiting_program"] > 0, s
 
 
-def test_no_lanes_while_the_workers_spin():
-    terra.config(worker_spin="spin")
+def helped_with(**settings):
+    """Trains under `settings` (terra.config) and returns the graph's stats, having checked the
+    results against eager's and that iterations were replayed."""
+    terra.config(**settings)
     try:
         (me, le), (mc, lc) = branches_train(20), terra.run(branches_train, 20)
     finally:
@@ -76,18 +78,16 @@ def test_no_lanes_while_the_workers_spin():
     assert le == lc
     s = terra.stats("branches_train")
     assert s["iterations_replayed"] >= 10, s
+    return s
+
+
+def test_no_lanes_while_the_workers_spin():
+    s = helped_with(worker_spin="spin")
     assert s["kernels_run_by_waiting_program"] == 0, s
 
 
 def test_lanes_turned_off_leave_the_program_thread_waiting():
-    terra.config(lanes=False, worker_spin="sleep")
-    try:
-        (me, le), (mc, lc) = branches_train(20), terra.run(branches_train, 20)
-    finally:
-        terra.config(worker_spin="auto")
-    assert le == lc
-    s = terra.stats("branches_train")
-    assert s["iterations_replayed"] >= 10, s
+    s = helped_with(lanes=False, worker_spin="sleep")
     assert s["kernels_run_by_waiting_program"] == 0, s
 
 
