@@ -315,8 +315,8 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
     ~Clear() { w.store(0); }
   } clear{waiter_};
   if (sleeping_.load() != kAwake) wake();  // pending work below the batch size: start it now
-  // Meanwhile this thread runs free kernels of the GraphRunner's item (kernel_lanes.h), once per
-  // item: an item it left idle is not entered again.
+  // With lanes on (Policy::lanes), this thread meanwhile runs free kernels of the GraphRunner's
+  // item (kernel_lanes.h) each time the GraphRunner calls for help; off, no job ever opens.
   uint64_t helped = 0;
   const std::function<bool()> waiting = [&] { return done() < seq; };
   if (lanes_) lanes_->help(waiting, helped);
