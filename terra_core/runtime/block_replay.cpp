@@ -1043,22 +1043,6 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
 
 namespace {
 
-// Whether a kernel may draw random numbers: a Generator argument, or a name of the random
-// operators that take none (native_dropout, rand_like...). Such kernels keep their order.
-bool draws_random(const c10::OperatorHandle& op) {
-  for (const c10::Argument& a : op.schema().arguments()) {
-    const c10::TypePtr& t = a.type();
-    if (t->kind() == c10::TypeKind::GeneratorType) return true;
-    if (const auto opt = t->cast<c10::OptionalType>(); opt && opt->getElementType()->kind() == c10::TypeKind::GeneratorType)
-      return true;
-  }
-  const std::string& name = op.operator_name().name;
-  for (const char* word : {"rand", "dropout", "bernoulli", "normal", "multinomial", "poisson", "rrelu", "uniform",
-                           "exponential", "geometric", "cauchy", "random"})
-    if (name.find(word) != std::string::npos) return true;
-  return false;
-}
-
 void table_reads(const Block& block, const Ref& r, std::vector<uint32_t>& out) {
   switch (r.kind) {
     case Ref::Kind::Value: out.push_back(r.id); break;
@@ -1083,7 +1067,8 @@ void plan_lanes(Block& block) {
       for (uint32_t o = 0; o < k.outs; ++o) outs[i].push_back(k.first_out + o);
       drops[i] = k.release;
       free[i] = k.written.empty() && k.one_thread && k.random == RandomFill::Op::None &&
-                k.keys.highestBackendKey() == c10::BackendComponent::CPUBit && !draws_random(*k.op);
+                k.keys.highestBackendKey() == c10::BackendComponent::CPUBit &&
+                !k.op->hasTag(at::Tag::nondeterministic_seeded);  // draws keep their order (as OpTemplate::random)
       helped[i] = free[i] && k.ran_ns >= LanePlan::kHelpNs;
       parallel[i] = !k.one_thread;
     }
@@ -1380,8 +1365,8 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
-void BlockReplayer::run_kernel(const RecordedKernel& k, int num_threads, bool helper, bool alone) {
-  torch::jit::Stack stack;
+void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {
+  stack.clear();
   stack.reserve(k.args.size());
   for (const Ref& a : k.args) stack.push_back(value(a));
   c10::SmallVector<at::Tensor, 2> written;
@@ -1395,17 +1380,17 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, int num_threads, bool he
   }
   at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
   const bool spreads = alone && spread(k, num_threads);
-  if (!helper) spread_ += spreads;
+  if (spreads) ++spread_;
   const int threads = k.one_thread && !spreads ? 1 : num_threads;
   if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
   if (threads > 1 && k.large) note_parallel_region();
   // A kernel marked for spreading that runs on one thread is timed: one that ran in under
   // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
   // from the cache file skips the recording's own one-thread runs) and is spread no more.
-  const bool timed = !helper && k.spread && threads == 1;
+  const bool timed = alone && k.spread && threads == 1;
   const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
-  if (!helper) random_fills_ += filled;
+  if (filled) ++random_fills_;  // a barrier: never on a helping thread
   const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -1452,13 +1437,16 @@ void BlockReplayer::run(WorkItem& item) {
         // A helping thread runs kernels with this thread's dispatch keys, less the recording hook.
         c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
         keys.included_ = keys.included_.remove(kRecordKey);
-        helped_ += lanes_->run(*p.lanes, keys, [&](uint32_t i, bool helper) {
-          run_kernel(block.kernels[p.kernels_begin + i], item.num_threads, helper, p.lanes->barrier[i]);
+        helped_ += lanes_->run(*p.lanes, keys, [&](uint32_t i, bool) {
+          thread_local torch::jit::Stack scratch;  // one per thread that runs kernels
+          run_kernel(block.kernels[p.kernels_begin + i], scratch, item.num_threads, p.lanes->barrier[i]);
+          scratch.clear();  // holds no tensor past its kernel
         });
         kernels_ += p.kernels_end - p.kernels_begin;
       } else {
+        torch::jit::Stack stack;  // reused by the item's kernels
         for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
-          run_kernel(block.kernels[ki], item.num_threads, /*helper=*/false, /*alone=*/true);
+          run_kernel(block.kernels[ki], stack, item.num_threads, /*alone=*/true);
           ++kernels_;
         }
       }

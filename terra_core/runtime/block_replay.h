@@ -301,10 +301,11 @@ class BlockReplayer {
   // The tensor of leaf `leaf` (from the table or, not replayed yet, its item).
   at::Tensor leaf_tensor(uint32_t leaf, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   void load(const ItemPlan& p, WorkItem& item);
-  // Runs one kernel of the block on the calling thread (`helper`: the lanes' helper thread, which
-  // runs free kernels only, with one intra-op thread, and counts nothing). `alone`: no other
-  // kernel runs meanwhile (in order, or a barrier of a LanePlan), so it may be spread.
-  void run_kernel(const RecordedKernel& k, int num_threads, bool helper, bool alone);
+  // Runs one kernel of the block on the calling thread, its arguments and results in `stack`
+  // (scratch, reused). `alone`: no other kernel runs meanwhile (in order, or a barrier of a
+  // LanePlan), so it may be spread and timed; a free kernel of a LanePlan (possibly on a helping
+  // thread) runs with one intra-op thread and writes no counter.
+  void run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone);
   const Block* block_ = nullptr;
   KernelLanes* lanes_ = nullptr;
   uint32_t next_ = 0;

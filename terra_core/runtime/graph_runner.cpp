@@ -319,15 +319,14 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
   // item (kernel_lanes.h) each time the GraphRunner calls for help; off, no job ever opens.
   uint64_t helped = 0;
   const std::function<bool()> waiting = [&] { return done() < seq; };
-  if (lanes_) lanes_->help(waiting, helped);
-  if (spin && spin_until([&] { return done() >= seq || (lanes_ && lanes_->has_job(helped)); }, kSpinNs) &&
-      done() >= seq)
+  lanes_->help(waiting, helped);
+  if (spin && spin_until([&] { return done() >= seq || lanes_->has_job(helped); }, kSpinNs) && done() >= seq)
     return;
   for (;;) {
-    if (lanes_) lanes_->help(waiting, helped);
+    lanes_->help(waiting, helped);
     std::unique_lock<std::mutex> lock(mutex_);
     wait_target_.store(seq);
-    done_cv_.wait(lock, [&] { return done() >= seq || (lanes_ && lanes_->has_job(helped)); });
+    done_cv_.wait(lock, [&] { return done() >= seq || lanes_->has_job(helped); });
     wait_target_.store(0);
     if (done() >= seq) return;
   }

@@ -167,12 +167,10 @@ bool KernelLanes::work(Job& job, bool helper, const std::function<bool()>* waiti
 uint32_t KernelLanes::run(const LanePlan& plan, c10::impl::LocalDispatchKeySet keys,
                       const std::function<void(uint32_t, bool)>& run) {
   Job job(plan, run, keys);
-  job_.store(&job);
   left_idle_.store(false);
-  open_.store(++jobs_);
+  job_.store(&job);
   call_for_help();
   work(job, /*helper=*/false, nullptr);
-  open_.store(0);
   job_.store(nullptr);
   while (inside_.load() != 0) cpu_relax();  // a helper finishing its kernel, or leaving
   if (job.error) std::rethrow_exception(job.error);
@@ -180,6 +178,7 @@ uint32_t KernelLanes::run(const LanePlan& plan, c10::impl::LocalDispatchKeySet k
 }
 
 void KernelLanes::help(const std::function<bool()>& waiting, uint64_t& seen) {
+  if (job_.load() == nullptr) return;  // no job open (always, with lanes off): nothing to count
   // seq_cst throughout: either the GraphRunner sees this thread inside before it ends the job,
   // or this thread sees the job gone.
   inside_.fetch_add(1);
@@ -189,7 +188,7 @@ void KernelLanes::help(const std::function<bool()>& waiting, uint64_t& seen) {
   } leave{inside_};
   const uint64_t calls = calls_.load();
   Job* job = job_.load();
-  if (job == nullptr || open_.load() == 0 || calls == seen) return;
+  if (job == nullptr || calls == seen) return;
   seen = calls;
   c10::impl::ForceDispatchKeyGuard keys(job->keys);
   const IntraopThreads previous = swap_intraop_threads(1);  // kernels with one thread's bits

@@ -63,7 +63,8 @@ struct LanePlan {
   std::vector<uint8_t> parallel;
 
   uint32_t size() const { return static_cast<uint32_t>(barrier.size()); }
-  // Plans are made for items of at least this many kernels, with at least kMinFree free ones.
+  // Plans are made for items of at least this many kernels, at least kMinFree of them worth a
+  // helping thread (free, and at least kHelpNs when recorded).
   static constexpr uint32_t kMinKernels = 16;
   static constexpr uint32_t kMinFree = 4;
   static constexpr uint32_t kHelpNs = 10'000;
@@ -102,7 +103,7 @@ class KernelLanes {
   void help(const std::function<bool()>& waiting, uint64_t& seen);
   // Whether help() has work for a thread that last came in on `seen`.
   bool has_job(uint64_t seen) const {
-    return open_.load() != 0 && calls_.load() != seen;
+    return job_.load() != nullptr && calls_.load() != seen;
   }
   static constexpr int64_t kIdleNs = 50'000;
 
@@ -115,11 +116,9 @@ class KernelLanes {
 
   void call_for_help();  // GraphRunner thread
   std::function<void()> on_job_;
-  std::atomic<Job*> job_{nullptr};
-  std::atomic<uint64_t> open_{0};  // the open job's number (0: none)
+  std::atomic<Job*> job_{nullptr};  // the open job (null: none)
   std::atomic<uint64_t> calls_{0};  // calls for help: a job opened, or a barrier passed after a helper left idle
   std::atomic<bool> left_idle_{false};  // a helper left the open job idle
-  uint64_t jobs_ = 0;              // GraphRunner thread
   std::atomic<int> inside_{0};     // threads inside help() that may hold job_
 };
 

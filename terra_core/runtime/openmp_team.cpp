@@ -133,33 +133,44 @@ bool openmp_workers_spinning() {
 }
 
 
-void set_intraop_threads(int n) {
-  static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
+namespace {
+
+// The per-thread count setters, found once (absent without libgomp or MKL).
+struct IntraopSetters {
+  int (*omp_get)() = find<int (*)()>("omp_get_max_threads", "libgomp.so.1");
+  void (*omp_set)(int) = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
   // What mkl.h maps mkl_set_num_threads_local to (the lower-case symbol is the Fortran
   // interface, which takes a pointer); it returns the previous count.
-  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
-  if (omp) omp(n);
-  if (mkl) mkl(n);
+  int (*mkl_set)(int) = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
+};
+const IntraopSetters& intraop_setters() {
+  static const IntraopSetters setters;
+  return setters;
+}
+
+}  // namespace
+
+void set_intraop_threads(int n) {
+  const IntraopSetters& f = intraop_setters();
+  if (f.omp_set) f.omp_set(n);
+  if (f.mkl_set) f.mkl_set(n);
 }
 
 IntraopThreads swap_intraop_threads(int n) {
-  static const auto omp_get = find<int (*)()>("omp_get_max_threads", "libgomp.so.1");
-  static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
-  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
+  const IntraopSetters& f = intraop_setters();
   IntraopThreads previous;
-  if (omp_get && omp) {
-    previous.omp = omp_get();
-    omp(n);
+  if (f.omp_get && f.omp_set) {
+    previous.omp = f.omp_get();
+    f.omp_set(n);
   }
-  if (mkl) previous.mkl = mkl(n);
+  if (f.mkl_set) previous.mkl = f.mkl_set(n);
   return previous;
 }
 
 void restore_intraop_threads(const IntraopThreads& previous) {
-  static const auto omp = find<void (*)(int)>("omp_set_num_threads", "libgomp.so.1");
-  static const auto mkl = find<int (*)(int)>("MKL_Set_Num_Threads_Local", "libtorch_cpu.so");
-  if (omp && previous.omp > 0) omp(previous.omp);
-  if (mkl && previous.mkl >= 0) mkl(previous.mkl);
+  const IntraopSetters& f = intraop_setters();
+  if (f.omp_set && previous.omp > 0) f.omp_set(previous.omp);
+  if (f.mkl_set && previous.mkl >= 0) f.mkl_set(previous.mkl);
 }
 
 void release_openmp_team() {
