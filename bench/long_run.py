@@ -19,7 +19,9 @@ what Terra learned in it, stays (`long_run_new_model.md`).
 import argparse
 import importlib
 import json
+import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,17 +46,24 @@ def child(name, mode, n1, n2, new_model=False):
         if new_model:
             state = None
             state = mod.make(0)
+        faults[0] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         if mode == "terra":
             terra.run(mod.train, state, steps)
             terra.sync()
         else:
             mod.train(state, steps)
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        faults[1] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults[0]
+        return t
 
+    faults = [0, 0]
     timed(50)
-    t1, t2 = timed(n1), timed(n2)
-    print(json.dumps({"steady_ms": (t2 - t1) / (n2 - n1) * 1e3, "whole_s": t2}))
+    t1 = timed(n1)
+    f1 = faults[1]
+    t2 = timed(n2)
+    print(json.dumps({"steady_ms": (t2 - t1) / (n2 - n1) * 1e3, "whole_s": t2,
+                      "faults_per_step": (faults[1] - f1) / (n2 - n1)}))
 
 
 def main():
@@ -65,23 +74,35 @@ def main():
     ap.add_argument("--n2", type=int, default=1500)
     ap.add_argument("--name", default="long_run", help="results file name under bench/results")
     ap.add_argument("--new-model", action="store_true", help="a model made anew for every call")
+    ap.add_argument("--variant", help="a second Terra setting timed in the same rounds, as VAR=VALUE "
+                    "(environment; e.g. TERRA_PROGRAM_CACHE=0)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], args.n1, args.n2, args.new_model)
     rows = []
     for name in args.programs or DEFAULT_PROGRAMS:
-        got = {"eager": [], "terra": []}
+        modes = ("eager", "terra") + (("variant",) if args.variant else ())
+        got = {m: [] for m in modes}
         for _ in range(args.rounds):
-            for mode in ("eager", "terra"):
-                out = subprocess.run([sys.executable, __file__, "--child", name, mode, "--n1", str(args.n1),
-                                      "--n2", str(args.n2)] + (["--new-model"] if args.new_model else []),
-                                     check=True, capture_output=True, text=True).stdout
+            for mode in modes:
+                env = dict(os.environ)
+                if mode == "variant":
+                    key, _, value = args.variant.partition("=")
+                    env[key] = value
+                out = subprocess.run([sys.executable, __file__, "--child", name, "eager" if mode == "eager" else "terra",
+                                      "--n1", str(args.n1), "--n2", str(args.n2)] +
+                                     (["--new-model"] if args.new_model else []),
+                                     check=True, capture_output=True, text=True, env=env).stdout
                 got[mode].append(json.loads(out.strip().splitlines()[-1]))
-        med = {m: {k: statistics.median(r[k] for r in got[m]) for k in ("steady_ms", "whole_s")} for m in got}
+        med = {m: {k: statistics.median(r[k] for r in got[m]) for k in ("steady_ms", "whole_s", "faults_per_step")}
+               for m in got}
         rows.append({"program": name, "runs": got, "median": med,
                      "steady_ratio": med["terra"]["steady_ms"] / med["eager"]["steady_ms"],
                      "whole_ratio": med["terra"]["whole_s"] / med["eager"]["whole_s"]})
+        if args.variant:
+            rows[-1]["variant"] = args.variant
+            rows[-1]["variant_steady_ratio"] = med["variant"]["steady_ms"] / med["eager"]["steady_ms"]
         print(f"{name}: steady {med['eager']['steady_ms']:.3f} -> {med['terra']['steady_ms']:.3f} ms/step "
               f"({rows[-1]['steady_ratio']:.2f}), whole {args.n2} steps {rows[-1]['whole_ratio']:.2f}", file=sys.stderr)
     import torch
@@ -103,11 +124,20 @@ def main():
              ("each call on a model made anew (as a notebook re-running its model cell), after 50 untimed "
               "steps on another, " if args.new_model else "both calls on one state after 50 untimed steps, ") +
              f"so warm-up cancels; whole: the {args.n2}-step call. Ratio = Terra / eager (lower is faster).", "",
-             "| program | eager ms/step | Terra ms/step | steady ratio | whole-call ratio |",
-             "|---|---:|---:|---:|---:|"]
+             "Faults: minor page faults per steady step (the process's, all threads)." +
+             (f" Variant: Terra with `{args.variant}`, in the same rounds." if args.variant else ""), "",
+             "| program | eager ms/step | Terra ms/step | steady ratio | whole-call ratio | eager faults | Terra faults |" +
+             (" variant ms/step | variant ratio | variant faults |" if args.variant else ""),
+             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if args.variant else "")]
     for r in rows:
-        lines.append(f"| {r['program']} | {r['median']['eager']['steady_ms']:.3f} | "
-                     f"{r['median']['terra']['steady_ms']:.3f} | {r['steady_ratio']:.2f} | {r['whole_ratio']:.2f} |")
+        m = r["median"]
+        line = (f"| {r['program']} | {m['eager']['steady_ms']:.3f} | {m['terra']['steady_ms']:.3f} | "
+                f"{r['steady_ratio']:.2f} | {r['whole_ratio']:.2f} | {m['eager'].get('faults_per_step', float('nan')):.0f} | "
+                f"{m['terra'].get('faults_per_step', float('nan')):.0f} |")
+        if "variant" in m:
+            line += (f" {m['variant']['steady_ms']:.3f} | {r['variant_steady_ratio']:.2f} | "
+                     f"{m['variant']['faults_per_step']:.0f} |")
+        lines.append(line)
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -13,6 +13,7 @@
 #include "fast_path.h"
 #include "graph.h"
 #include "python_runner.h"
+#include "runner_allocator.h"
 #include "timeline.h"
 #include "verdicts.h"
 #include "python_stack.h"
@@ -222,6 +223,17 @@ PYBIND11_MODULE(_C, m) {
         "(iterations, items and kernels replayed, blocks recorded and refused), and how many values "
         "it dropped right after their last reader ran, since the process started; the one-thread "
         "verdict cache file (verdict_cache, \"\" when off) and how many verdicts it held when read.");
+  m.def("allocator_counts", [] {
+    if (!terra::runtime::RunnerAllocator::installed()) return py::dict();
+    const auto st = terra::runtime::RunnerAllocator::install().stats();
+    py::dict d;
+    d["hits"] = st.hits;
+    d["misses"] = st.misses;
+    d["cached_bytes"] = st.cached_bytes;
+    return d;
+  }, "Terra's caching CPU allocator (runner_allocator.h): blocks handed out from its cache (hits) "
+        "and freshly allocated (misses) since the process started, and the bytes it caches now; "
+        "empty before it is installed.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -268,6 +280,7 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "accelerator_blocks") p.accelerator_blocks = item.second.cast<bool>();
       else if (key == "lanes") p.lanes = item.second.cast<bool>();
       else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
+      else if (key == "program_cache") p.program_cache = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
       else if (key == "worker_spin") {
         const auto name = item.second.cast<std::string>();
@@ -292,6 +305,7 @@ PYBIND11_MODULE(_C, m) {
     d["accelerator_blocks"] = p.accelerator_blocks;
     d["lanes"] = p.lanes;
     d["fast_path"] = p.fast_path;
+    d["program_cache"] = p.program_cache;
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;
     d["worker_spin"] = terra::runtime::Policy::worker_spin_name(p.worker_spin);

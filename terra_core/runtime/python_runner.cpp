@@ -247,12 +247,17 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   last_random_item_ = random_item_iteration_ = 0;
   set_value_graveyard(&graveyard_);
   if (runner_) RunnerAllocator::install().activate();
+  if (policy_.program_cache) {
+    RunnerAllocator::install().activate();
+    RunnerAllocator::set_program_thread(true);
+  }
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }
 
 void PythonRunner::exit() {
   if (mode_ == Mode::Off) return;
+  RunnerAllocator::set_program_thread(false);  // what runs after the session allocates as eager
   end_iteration();
   if (mode_ == Mode::CoExec) catch_up();
   if (runner_ && runner_team_) take_team_back(/*always=*/true);  // Terra off: one team, the program's
@@ -263,7 +268,7 @@ void PythonRunner::exit() {
   live_prune_at_ = kLivePruneSlack;
   set_value_graveyard(nullptr);
   graveyard_.clear();
-  if (runner_) RunnerAllocator::install().release();  // eager work keeps none of its memory
+  if (RunnerAllocator::installed()) RunnerAllocator::install().release();  // eager work keeps none of its memory
   grad_defined_.clear();
   own_made_.clear();
   raise_if_failed();

@@ -60,6 +60,11 @@ struct Policy {
   // while the GraphRunner's OpenMP workers sleep. Off by default: no steady gain measured on two
   // cores (bench/results/forced_coexec_lanes*.md); TERRA_LANES=1 turns it on by default.
   bool lanes = on_if_one("TERRA_LANES");
+  // The program thread's CPU allocations of at least 64 KiB come from Terra's caching allocator
+  // while a session is open, whatever the mode (runner_allocator.h): glibc hands such blocks out
+  // as fresh pages, and eager steps of the benchmark programs took 300-2,000 minor page faults
+  // each (bench/results/program_cache.md). The default comes from TERRA_PROGRAM_CACHE (0: off).
+  bool program_cache = on_unless_zero("TERRA_PROGRAM_CACHE");
   // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
   // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
   bool fast_path = on_unless_zero("TERRA_FAST_PATH");

@@ -14,6 +14,7 @@ namespace {
 constexpr size_t kAlign = 64;  // as c10's own CPU allocations
 
 thread_local bool t_cached = false;
+thread_local bool t_program = false;
 RunnerAllocator* g_allocator = nullptr;
 
 // Nearby sizes share a free list: small blocks by 64 bytes, larger ones by 4 KiB, large ones by
@@ -36,10 +37,14 @@ RunnerAllocator& RunnerAllocator::install() {
   return *allocator;
 }
 
+bool RunnerAllocator::installed() { return g_allocator != nullptr; }
+
 void RunnerAllocator::set_cached_thread(bool cached) { t_cached = cached; }
 
+void RunnerAllocator::set_program_thread(bool cached) { t_program = cached; }
+
 c10::DataPtr RunnerAllocator::allocate(size_t n) {
-  if (!t_cached || n == 0) return next_->allocate(n);
+  if (!(t_cached || (t_program && n >= kProgramMinBytes)) || n == 0) return next_->allocate(n);
   const size_t size = round_size(n);
   void* data = nullptr;
   {
@@ -113,7 +118,7 @@ void RunnerAllocator::after_fork_in_child() {
   if (!g_allocator) return;
   new (&g_allocator->mutex_) std::mutex();
   g_allocator->active_ = false;
-  t_cached = false;
+  t_cached = t_program = false;
 }
 
 void RunnerAllocator::activate() {

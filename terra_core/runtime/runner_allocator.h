@@ -33,8 +33,13 @@ class RunnerAllocator final : public c10::Allocator {
 
   // Installs the wrapper as the CPU allocator (once) and returns it.
   static RunnerAllocator& install();
+  static bool installed();
   // Whether the calling thread's CPU allocations come from the cache (the GraphRunner thread).
   static void set_cached_thread(bool cached);
+  // Whether the calling thread's allocations of at least kProgramMinBytes come from the cache
+  // (the program thread while a session is open; see PythonRunner::enter).
+  static void set_program_thread(bool cached);
+  static constexpr size_t kProgramMinBytes = size_t{64} << 10;
 
   c10::DataPtr allocate(size_t n) override;
   // Frees GraphRunner blocks and, for raw_deallocate, the wrapped allocator's own.

@@ -74,6 +74,46 @@ TEST_F(RunnerAllocatorTest, BlocksFreedOnAnotherThreadComeBackToTheCache) {
   EXPECT_EQ(at::empty({64, 64}).data_ptr(), p);
 }
 
+struct ProgramThread {
+  ProgramThread() { RunnerAllocator::set_program_thread(true); }
+  ~ProgramThread() { RunnerAllocator::set_program_thread(false); }
+};
+
+TEST_F(RunnerAllocatorTest, TheProgramThreadCachesOnlyLargeBlocks) {
+  ProgramThread program;
+  const auto before = alloc_->stats();
+  const int64_t large = RunnerAllocator::kProgramMinBytes / 4;  // floats
+  void* first;
+  {
+    at::Tensor t = at::empty({large});
+    first = t.data_ptr();
+  }
+  EXPECT_EQ(alloc_->stats().cached_bytes, static_cast<size_t>(large) * 4u);
+  at::Tensor again = at::empty({large});
+  EXPECT_EQ(again.data_ptr(), first);
+  // Below the threshold: the wrapped allocator, no cache traffic.
+  at::empty({large - 1}).reset();
+  const auto after = alloc_->stats();
+  EXPECT_EQ(after.hits - before.hits, 1u);
+  EXPECT_EQ(after.misses - before.misses, 1u);
+  EXPECT_EQ(after.cached_bytes, 0u);
+}
+
+TEST_F(RunnerAllocatorTest, AProgramThreadNoLongerCachingFreesItsBlocksIntoTheCacheButTakesNone) {
+  at::Tensor kept;
+  {
+    ProgramThread program;
+    kept = at::empty({RunnerAllocator::kProgramMinBytes / 4});
+  }
+  const auto before = alloc_->stats();
+  kept.reset();  // a cached block, wherever it dies
+  EXPECT_GT(alloc_->stats().cached_bytes, 0u);
+  at::Tensor plain = at::empty({RunnerAllocator::kProgramMinBytes / 4});
+  const auto after = alloc_->stats();
+  EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);  // not from the cache
+  EXPECT_GT(after.cached_bytes, 0u);
+}
+
 TEST_F(RunnerAllocatorTest, ReleaseFreesTheCacheAndStopsCachingUntilActivated) {
   CachedThread cached;
   at::Tensor a = at::empty({4096});

@@ -389,5 +389,8 @@ def config(**settings):
     core to Python, or "auto", the default: each graph times both and keeps the faster;
     TERRA_WORKER_SPIN sets the default) and lanes (while the GraphRunner's workers sleep, a
     program thread waiting for it runs independent kernels of the replayed backward; off by
-    default, TERRA_LANES=1 turns it on by default)."""
+    default, TERRA_LANES=1 turns it on by default) and program_cache (while a session is open,
+    the program thread's CPU allocations of 64 KiB or more come from Terra's caching allocator,
+    in every mode, eager included, instead of fresh pages from glibc; released when the session
+    ends; TERRA_PROGRAM_CACHE=0 turns it off by default)."""
     return _c().policy(**settings)
