@@ -12,6 +12,12 @@ check) cancels out; the whole N2-step call is reported too. Eager and Terra proc
     .venv/bin/python bench/long_run.py [--rounds 3] [--n1 300] [--n2 1500] [program ...]
     .venv/bin/python bench/long_run.py --n1 100 --n2 400 --name long_run_compute resnet gpt ...
 
+`--variant VAR=VALUE` times a second Terra setting in the same rounds (its own fresh processes,
+with that environment variable), beside the default one: `--variant TERRA_PROGRAM_CACHE=0`
+(`bench/results/program_cache.md`). Each child also counts the process's minor page faults per
+steady step, the same difference of the two calls (below zero where the shorter call faulted more,
+in its first steps).
+
 `--new-model`: every call (the untimed one too) trains a model made anew (`make(0)`, the previous
 one dropped), as a notebook does when the cell that builds the model runs again; the graph, and
 what Terra learned in it, stays (`long_run_new_model.md`).

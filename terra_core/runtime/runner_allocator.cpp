@@ -44,7 +44,8 @@ void RunnerAllocator::set_cached_thread(bool cached) { t_cached = cached; }
 void RunnerAllocator::set_program_thread(bool cached) { t_program = cached; }
 
 c10::DataPtr RunnerAllocator::allocate(size_t n) {
-  if (!(t_cached || (t_program && n >= kProgramMinBytes)) || n == 0) return next_->allocate(n);
+  const bool program = t_program && n >= kProgramMinBytes && n <= kProgramMaxBytes;
+  if (!(t_cached || program) || n == 0) return next_->allocate(n);
   const size_t size = round_size(n);
   void* data = nullptr;
   {

@@ -36,10 +36,13 @@ class RunnerAllocator final : public c10::Allocator {
   static bool installed();
   // Whether the calling thread's CPU allocations come from the cache (the GraphRunner thread).
   static void set_cached_thread(bool cached);
-  // Whether the calling thread's allocations of at least kProgramMinBytes come from the cache
-  // (the program thread while a session is open; see PythonRunner::enter).
+  // Whether the calling thread's allocations from kProgramMinBytes to kProgramMaxBytes come from
+  // the cache (the program thread while a session is open; see PythonRunner::enter). Smaller ones
+  // are served by glibc's own free lists without the cache's lock; larger ones are left to it so
+  // that a cached block of one huge size never sits beside a fresh one of another.
   static void set_program_thread(bool cached);
   static constexpr size_t kProgramMinBytes = size_t{64} << 10;
+  static constexpr size_t kProgramMaxBytes = size_t{32} << 20;
 
   c10::DataPtr allocate(size_t n) override;
   // Frees GraphRunner blocks and, for raw_deallocate, the wrapped allocator's own.

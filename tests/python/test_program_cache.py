@@ -1,6 +1,6 @@
 """The program thread's large CPU allocations come from Terra's caching allocator while a session is
-open (Policy::program_cache, runner_allocator.h), in every mode: eager steps then reuse their
-buffers instead of taking fresh pages from glibc. Values never depend on it: results and
+open and it runs ops itself (Policy::program_cache, runner_allocator.h): traced, fallen-back and
+eager steps then reuse their buffers instead of taking fresh pages from glibc. Values never depend on it: results and
 parameters stay bitwise equal to eager execution, and nothing is kept after the session."""
 import pytest
 import torch

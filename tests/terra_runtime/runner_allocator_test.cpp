@@ -91,8 +91,9 @@ TEST_F(RunnerAllocatorTest, TheProgramThreadCachesOnlyLargeBlocks) {
   EXPECT_EQ(alloc_->stats().cached_bytes, static_cast<size_t>(large) * 4u);
   at::Tensor again = at::empty({large});
   EXPECT_EQ(again.data_ptr(), first);
-  // Below the threshold: the wrapped allocator, no cache traffic.
+  // Below the threshold or above the largest size: the wrapped allocator, no cache traffic.
   at::empty({large - 1}).reset();
+  at::empty({static_cast<int64_t>(RunnerAllocator::kProgramMaxBytes / 4) + 1}).reset();
   const auto after = alloc_->stats();
   EXPECT_EQ(after.hits - before.hits, 1u);
   EXPECT_EQ(after.misses - before.misses, 1u);

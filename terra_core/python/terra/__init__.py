@@ -390,7 +390,7 @@ def config(**settings):
     TERRA_WORKER_SPIN sets the default) and lanes (while the GraphRunner's workers sleep, a
     program thread waiting for it runs independent kernels of the replayed backward; off by
     default, TERRA_LANES=1 turns it on by default) and program_cache (while a session is open,
-    the program thread's CPU allocations of 64 KiB or more come from Terra's caching allocator,
-    in every mode, eager included, instead of fresh pages from glibc; released when the session
-    ends; TERRA_PROGRAM_CACHE=0 turns it off by default)."""
+    the program thread's CPU allocations of 64 KiB to 32 MiB come from Terra's caching allocator
+    wherever it runs ops itself, traced, fallen-back and eager iterations, instead of fresh pages
+    from glibc; released when the session ends; TERRA_PROGRAM_CACHE=0 turns it off by default)."""
     return _c().policy(**settings)
