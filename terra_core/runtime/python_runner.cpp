@@ -246,8 +246,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   own_made_prune_at_ = kOwnMadePruneAt;
   last_random_item_ = random_item_iteration_ = 0;
   set_value_graveyard(&graveyard_);
-  if (runner_) RunnerAllocator::install().activate();
-  if (policy_.program_cache) RunnerAllocator::install().activate();
+  if (runner_ || policy_.program_cache) RunnerAllocator::install().activate();
   mode_ = Mode::Tracing;
   begin_iteration(kEntryBoundary);
 }

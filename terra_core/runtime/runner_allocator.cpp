@@ -63,7 +63,7 @@ c10::DataPtr RunnerAllocator::allocate(size_t n) {
   }
   if (!data) {
     if (posix_memalign(&data, kAlign, size) != 0) data = nullptr;
-    TORCH_CHECK(data, "Terra: out of memory allocating ", n, " bytes in the GraphRunner");
+    TORCH_CHECK(data, "Terra: out of memory allocating ", n, " bytes (its caching CPU allocator)");
     std::lock_guard<std::mutex> lock(mutex_);
     live_.emplace(data, size);
   }
