@@ -52,7 +52,7 @@ def child(name, mode, n1, n2, new_model=False):
         if new_model:
             state = None
             state = mod.make(0)
-        faults[0] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         if mode == "terra":
             terra.run(mod.train, state, steps)
@@ -60,16 +60,12 @@ def child(name, mode, n1, n2, new_model=False):
         else:
             mod.train(state, steps)
         t = time.perf_counter() - t0
-        faults[1] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults[0]
-        return t
+        return t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 
-    faults = [0, 0]
     timed(50)
-    t1 = timed(n1)
-    f1 = faults[1]
-    t2 = timed(n2)
+    (t1, f1), (t2, f2) = timed(n1), timed(n2)
     print(json.dumps({"steady_ms": (t2 - t1) / (n2 - n1) * 1e3, "whole_s": t2,
-                      "faults_per_step": (faults[1] - f1) / (n2 - n1)}))
+                      "faults_per_step": (f2 - f1) / (n2 - n1)}))
 
 
 def main():

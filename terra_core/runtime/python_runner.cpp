@@ -251,12 +251,14 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   begin_iteration(kEntryBoundary);
 }
 
-void PythonRunner::cache_program_allocations() {
-  // Where the program thread runs ops itself: traced, fallen back and eager iterations. While it
-  // co-executes it allocates little (placeholders have no storage), and its blocks would share
-  // the cache's lock with the GraphRunner's, which allocates all the time (bert, co-executed:
-  // 6.56-6.78 ms per step with the program thread's large blocks cached, 6.03-6.36 without).
-  RunnerAllocator::set_program_thread(policy_.program_cache && mode_ != Mode::CoExec && mode_ != Mode::Off);
+void PythonRunner::set_mode(Mode mode) {
+  mode_ = mode;
+  // The program thread's large blocks are cached where it runs ops itself: traced, fallen-back
+  // and eager iterations. While it co-executes it allocates little (placeholders have no
+  // storage), and its blocks would share the cache's lock with the GraphRunner's, which
+  // allocates all the time (bert, co-executed: 6.56-6.78 ms per step with them cached,
+  // 6.03-6.36 without).
+  RunnerAllocator::set_program_thread(policy_.program_cache && mode != Mode::CoExec && mode != Mode::Off);
 }
 
 void PythonRunner::exit() {
@@ -514,8 +516,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
                                            (choosing_spin() && graph_->workers_asleep));
   graph_->iterations_workers_asleep += spin_limited_;
   limit_openmp_spinning(runner_team_ && spin_limited_);
-  mode_ = want;
-  cache_program_allocations();
+  set_mode(want);
   iteration_mode_ = mode_;
   set_hook(mode_ != Mode::Eager && paused_ == 0);
   // The pass-through entry points go back in at once when a loop is traced or co-executed (the
@@ -765,8 +766,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
                   "new ops (a loop Terra does not mark, in a library's code, say), so the rest "
                   "of it runs eagerly, untraced (raise max_nodes)",
                   op_name(op, name));
-    mode_ = Mode::Eager;
-    cache_program_allocations();
+    set_mode(Mode::Eager);
     set_hook(false);
     exec(stack);
     return;
@@ -1580,8 +1580,7 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op, boo
     root.stable = 0;
   }
   const int64_t start = now_ns();
-  mode_ = Mode::Tracing;  // before the wait, so it is not also counted as a fetch
-  cache_program_allocations();
+  set_mode(Mode::Tracing);  // before the wait, so it is not also counted as a fetch
   catch_up();
   diverged_ = true;
   add_span(SpanKind::Diverge, start, now_ns(), op + ": " + reason);
@@ -1706,8 +1705,7 @@ void PythonRunner::raise_if_failed() {
   if (mode_ == Mode::CoExec) {
     take_team_back();  // the program goes on eagerly
     materialize_all();
-    mode_ = Mode::Tracing;
-    cache_program_allocations();
+    set_mode(Mode::Tracing);
     diverged_ = true;
   }
   raise(e, at);

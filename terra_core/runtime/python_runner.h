@@ -62,7 +62,7 @@ struct Policy {
   bool lanes = on_if_one("TERRA_LANES");
   // The program thread's CPU allocations of 64 KiB to 32 MiB come from Terra's caching allocator
   // while a session is open and the program runs ops itself (traced, fallen back and eager
-  // iterations; PythonRunner::cache_program_allocations): glibc hands such blocks out
+  // iterations; PythonRunner::set_mode): glibc hands such blocks out
   // as fresh pages, and eager steps of the benchmark programs took 300-2,000 minor page faults
   // each (bench/results/program_cache.md). The default comes from TERRA_PROGRAM_CACHE (0: off).
   bool program_cache = on_unless_zero("TERRA_PROGRAM_CACHE");
@@ -337,9 +337,9 @@ class PythonRunner {
   // the previous step. A random one runs here after the random items issued before it (the
   // generator is drawn in program order), where that wait leaves the GraphRunner work (run_here).
   bool run_here(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
-  // Whether the program thread's large allocations come from the caching allocator now
-  // (Policy::program_cache): after every change of mode_.
-  void cache_program_allocations();
+  // Changes mode_ during a session, and with it whether the program thread's large allocations
+  // come from the caching allocator (Policy::program_cache).
+  void set_mode(Mode mode);
   // A view of a tensor over memory the program changes without ops (python_memory: a NumPy
   // array from torch.from_numpy, a batch sliced from such a dataset) runs here, at once: its
   // output must be a real tensor over that memory, and it reads no data, so it need not wait, as

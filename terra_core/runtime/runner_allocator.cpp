@@ -13,8 +13,10 @@ namespace {
 
 constexpr size_t kAlign = 64;  // as c10's own CPU allocations
 
-thread_local bool t_cached = false;
-thread_local bool t_program = false;
+// What the calling thread takes from the cache: read by every CPU allocation in the process, so
+// one thread-local byte, not one flag per kind of thread.
+enum class Use : uint8_t { None, All, Large };
+thread_local Use t_use = Use::None;
 RunnerAllocator* g_allocator = nullptr;
 
 // Nearby sizes share a free list: small blocks by 64 bytes, larger ones by 4 KiB, large ones by
@@ -39,13 +41,16 @@ RunnerAllocator& RunnerAllocator::install() {
 
 bool RunnerAllocator::installed() { return g_allocator != nullptr; }
 
-void RunnerAllocator::set_cached_thread(bool cached) { t_cached = cached; }
+void RunnerAllocator::set_cached_thread(bool cached) { t_use = cached ? Use::All : Use::None; }
 
-void RunnerAllocator::set_program_thread(bool cached) { t_program = cached; }
+void RunnerAllocator::set_program_thread(bool cached) {
+  if (t_use != Use::All) t_use = cached ? Use::Large : Use::None;
+}
 
 c10::DataPtr RunnerAllocator::allocate(size_t n) {
-  const bool program = t_program && n >= kProgramMinBytes && n <= kProgramMaxBytes;
-  if (!(t_cached || program) || n == 0) return next_->allocate(n);
+  const Use use = t_use;
+  if (use == Use::None || n == 0 || (use == Use::Large && (n < kProgramMinBytes || n > kProgramMaxBytes)))
+    return next_->allocate(n);
   const size_t size = round_size(n);
   void* data = nullptr;
   {
@@ -119,7 +124,7 @@ void RunnerAllocator::after_fork_in_child() {
   if (!g_allocator) return;
   new (&g_allocator->mutex_) std::mutex();
   g_allocator->active_ = false;
-  t_cached = t_program = false;
+  t_use = Use::None;
 }
 
 void RunnerAllocator::activate() {
