@@ -282,6 +282,11 @@ PYBIND11_MODULE(_C, m) {
       else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
       else if (key == "program_cache") p.program_cache = item.second.cast<bool>();
       else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
+      else if (key == "worker_nice") {
+        const int nice = item.second.cast<int>();
+        if (nice < 0 || nice > 19) throw py::value_error("worker_nice must be 0 to 19, not " + std::to_string(nice));
+        p.worker_nice = nice;
+      }
       else if (key == "worker_spin") {
         const auto name = item.second.cast<std::string>();
         const auto w = terra::runtime::Policy::parse_worker_spin(name);
@@ -309,6 +314,7 @@ PYBIND11_MODULE(_C, m) {
     d["payoff_margin"] = p.payoff_margin;
     d["payoff_check_budget"] = p.payoff_check_budget;
     d["worker_spin"] = terra::runtime::Policy::worker_spin_name(p.worker_spin);
+    d["worker_nice"] = p.worker_nice;
     return d;
   });
   m.def("set_eager_hold_switch", [](py::function hold) {

@@ -786,7 +786,9 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
 void GraphRunner::use_threads(int n) {
   // Reductions split work by thread count: the program thread's, so results are bitwise those
   // of eager execution (or one, where a replayed block was checked to give the same bits).
+  lower_openmp_workers(worker_nice_.load(std::memory_order_relaxed));
   if (n > 0 && at::get_num_threads() != n) set_intraop_threads(n);
+  ready_openmp_workers(n);  // a pool released (ReleaseTeam) at the same count is new
 }
 
 void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_kernel_threads) {

@@ -186,6 +186,9 @@ class GraphRunner {
     accelerator_blocks_.store(accelerators, std::memory_order_relaxed);
     lanes_on_.store(lanes, std::memory_order_relaxed);
   }
+  // How far below the GraphRunner its OpenMP workers run (Policy::worker_nice,
+  // lower_openmp_workers); set by the Python thread, applied from the next item on.
+  void set_worker_nice(int nice) { worker_nice_.store(nice, std::memory_order_relaxed); }
   struct ReplayCounts {
     uint64_t iterations = 0;  // co-executed iterations replayed whole
     uint64_t items = 0;       // items replayed
@@ -254,6 +257,7 @@ class GraphRunner {
   std::atomic<bool> replay_{true};
   std::atomic<bool> accelerator_blocks_{false};
   std::atomic<bool> lanes_on_{false};
+  std::atomic<int> worker_nice_{0};
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::unique_ptr<KernelLanes> lanes_;  // kernel_lanes.h: the replayed items' second thread
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)

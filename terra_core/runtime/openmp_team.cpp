@@ -5,6 +5,12 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <atomic>
 #include <condition_variable>
@@ -135,6 +141,55 @@ bool openmp_workers_spinning() {
 
 namespace {
 
+thread_local int t_worker_nice = 0;    // lower_openmp_workers's setting for this thread's workers
+thread_local int t_lowered_upto = 1;   // the pool's workers up to this count were lowered ...
+thread_local int t_lowered_by = 0;     // ... by this much
+
+pid_t thread_id() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+// Linux keeps a nice value per thread: PRIO_PROCESS with a thread id sets that thread's only.
+int nice_of(pid_t tid) {
+  errno = 0;
+  const int n = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+  return errno ? 0 : n;
+}
+
+void lower_workers(int threads, int by) {
+  static const Parallel parallel = find<Parallel>("GOMP_parallel", "libgomp.so.1");
+  static const auto thread_num = find<int (*)()>("omp_get_thread_num", "libgomp.so.1");
+  if (!parallel || !thread_num) return;
+  struct Want {
+    int nice;
+    int (*thread_num)();
+  } want{std::min(19, nice_of(thread_id()) + by), thread_num};
+  // An empty region of `threads` threads: the pool's workers (made now if need be) set their own.
+  parallel(
+      [](void* p) {
+        const auto* w = static_cast<const Want*>(p);
+        if (w->thread_num() != 0) setpriority(PRIO_PROCESS, static_cast<id_t>(thread_id()), w->nice);
+      },
+      &want, static_cast<unsigned>(threads), 0);
+}
+
+}  // namespace
+
+void lower_openmp_workers(int nice) {
+  nice = std::clamp(nice, 0, 19);
+  if (nice == t_worker_nice) return;
+  if (nice < t_lowered_by) release_openmp_team();  // their priority cannot be raised back
+  t_worker_nice = nice;
+  t_lowered_upto = 1;  // lowered again (or not) at the next region
+}
+
+void ready_openmp_workers(int threads) {
+  if (t_worker_nice == 0 || threads <= t_lowered_upto) return;
+  lower_workers(threads, t_worker_nice);
+  t_lowered_upto = threads;
+  t_lowered_by = t_worker_nice;
+}
+
+namespace {
+
 // The per-thread count setters, found once (absent without libgomp or MKL).
 struct IntraopSetters {
   int (*omp_get)() = find<int (*)()>("omp_get_max_threads", "libgomp.so.1");
@@ -154,6 +209,7 @@ void set_intraop_threads(int n) {
   const IntraopSetters& f = intraop_setters();
   if (f.omp_set) f.omp_set(n);
   if (f.mkl_set) f.mkl_set(n);
+  ready_openmp_workers(n);
 }
 
 IntraopThreads swap_intraop_threads(int n) {
@@ -176,6 +232,8 @@ void restore_intraop_threads(const IntraopThreads& previous) {
 void release_openmp_team() {
   static const PauseAll pause = find<PauseAll>("omp_pause_resource_all", "libgomp.so.1");
   if (pause) pause(kPauseSoft);
+  t_lowered_upto = 1;  // the workers are gone
+  t_lowered_by = 0;
 }
 
 }  // namespace terra::runtime

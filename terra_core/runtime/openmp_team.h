@@ -108,4 +108,26 @@ bool openmp_workers_spinning();
 void note_parallel_region();
 constexpr int64_t kWorkerSpinNs = 8'000'000;
 
+// The calling thread's OpenMP workers run `nice` steps below it in CPU priority (0: as it).
+//
+// Co-executing on two cores, three threads want them: the program thread's Python, the
+// GraphRunner and its worker. The worker computes only in the GraphRunner's parallel regions (a
+// kernel whose bits need the program's count, a long one while the program waits) and spins for
+// the next region in between, about 9 ms after each here: on gpt it spun 27% of the process's
+// samples while the GraphRunner, busy for 99% of each step, got 88% of a core. At a lower
+// priority, the spinning worker yields its core to the program thread or the GraphRunner whenever
+// either is runnable, and takes it when both wait (the program waiting for the GraphRunner is
+// when most kernels are spread). Only the time each thread gets changes: no kernel runs with
+// another thread count.
+//
+// Takes effect for the calling thread's pool of workers at the next set_intraop_threads (or
+// ready_openmp_workers) with more than one thread; a released pool's new workers are lowered
+// again then. Raising a worker's priority back needs a privilege, so lowering less than before
+// releases the pool instead (its next region makes new workers). The program thread's own pool is
+// never lowered: only the GraphRunner calls this.
+void lower_openmp_workers(int nice);
+// Lowers the calling thread's workers for a region of `threads` threads now, if they may be new
+// (the pool was released or grows); a thread-local compare otherwise.
+void ready_openmp_workers(int threads);
+
 }  // namespace terra::runtime

@@ -511,7 +511,10 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_active(true);
     runner_team_ = true;
   }
-  if (want == Mode::CoExec) runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
+  if (want == Mode::CoExec) {
+    runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
+    runner().set_worker_nice(policy_.worker_nice);
+  }
   spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
                                            (choosing_spin() && graph_->workers_asleep));
   graph_->iterations_workers_asleep += spin_limited_;
@@ -645,6 +648,14 @@ bool Policy::on_unless_zero(const char* env) {
 bool Policy::on_if_one(const char* env) {
   const char* value = std::getenv(env);
   return value && std::string(value) == "1";
+}
+
+int Policy::int_from_env(const char* env, int fallback, int lo, int hi) {
+  const char* value = std::getenv(env);
+  if (!value || !*value) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(value, &end, 10);
+  return *end == '\0' && v >= lo && v <= hi ? static_cast<int>(v) : fallback;
 }
 
 namespace {

@@ -76,11 +76,18 @@ struct Policy {
   // The default comes from TERRA_WORKER_SPIN (auto, spin or sleep).
   enum class WorkerSpin : uint8_t { Auto, Spin, Sleep };
   WorkerSpin worker_spin = worker_spin_from_env();
+  // How many nice steps below the GraphRunner its OpenMP workers run while co-executing (0 to
+  // 19; 0: as it), so that a worker spinning for the next parallel region yields its core to the
+  // program thread and the GraphRunner (openmp_team.h, lower_openmp_workers). The default comes
+  // from TERRA_WORKER_NICE.
+  int worker_nice = int_from_env("TERRA_WORKER_NICE", 10, 0, 19);
   static const char* worker_spin_name(WorkerSpin w);
   static std::optional<WorkerSpin> parse_worker_spin(const std::string& name);
   // A default from the environment: on unless the variable is "0".
   static bool on_unless_zero(const char* env);
   static bool on_if_one(const char* env);  // off unless the variable is "1"
+  // The variable's integer value if it is one within [lo, hi], else `fallback`.
+  static int int_from_env(const char* env, int fallback, int lo, int hi);
   static WorkerSpin worker_spin_from_env();
 };
 

@@ -222,6 +222,7 @@ for _j in range(len(_keys) + 1):
     ("%terra on extra", "takes no arguments"),
     ("%terra config adaptive=maybe", "expected on/off"),
     ("%terra config worker_spin=fast", "one of auto, spin, sleep"),
+    ("%terra config worker_nice=20", "worker_nice is 0 to 19"),
     ("%terra graph In[999]", "no graph"),
 ])
 def test_bad_magic_arguments_give_usage_not_traceback(kc, command, expected):
@@ -244,6 +245,8 @@ def test_magics_report(kc):
     ok(kc, "%terra config warmup=1 summary=on")
     ok(kc, "%terra config worker_spin=sleep")
     assert "worker_spin = sleep" in ok(kc, "%terra config")
+    ok(kc, "%terra config worker_nice=4")
+    assert "worker_nice = 4" in ok(kc, "%terra config")
     ok(kc, "%terra config worker_spin=auto")
     # What explain says of a graph whose timing chose the GraphRunner's workers asleep (the
     # choice itself follows measured times, so the line is checked on given ones).

@@ -176,3 +176,94 @@ def test_coexecuting_leaves_mkls_threading_of_small_ops_as_eager_has_it(tmp_path
     assert r["stats"]["blocks_one_thread"] >= 1, r["stats"]
     assert r["before"] is False, r
     assert r["after"] is False, r
+
+
+# The GraphRunner's workers run below it in CPU priority while co-executing (Policy::worker_nice,
+# openmp_team.h lower_openmp_workers): each thread's nice value read from /proc during the session.
+WORKER_NICE = textwrap.dedent("""
+    import json, os, sys, torch, terra
+    torch.set_num_threads(2)
+    terra.config(worker_nice=int(sys.argv[1]))
+
+    def nices(name):  # thread id -> nice value of this process's threads named `name`
+        out = {}
+        for t in os.listdir("/proc/self/task"):
+            stat = open(f"/proc/self/task/{t}/stat").read()
+            if stat[stat.index("(") + 1:stat.rindex(")")] == name:
+                out[int(t)] = int(stat[stat.rindex(")") + 2:].split()[16])
+        return out
+
+    def make():
+        torch.manual_seed(0)
+        return torch.randn(256, 256), torch.randn(256, 256, requires_grad=True)
+
+    def train(big, w, steps, seen):
+        opt = torch.optim.SGD([w], lr=1e-3, momentum=0.9)
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            # The matmuls are long enough to be spread over the program's two threads while the
+            # program waits for .item(): a parallel region of the GraphRunner, made by its workers.
+            loss = torch.nn.functional.layer_norm(big @ w, (256,)).relu().sum()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())       # the GraphRunner has run this step
+            if seen is not None:
+                seen.append(nices("terra-graph"))
+        return losses
+
+    big, w = make()
+    eager = train(big, w, 16, None)
+    eager_w = w.detach().clone()
+    big, w = make()
+    seen = []
+    losses = terra.run(train, big, w, 16, seen)
+    program_team = nices("python")               # the program thread and its own workers
+    torch.randn(512, 512).sum(); torch.randn(512, 512) @ torch.randn(512, 512)
+    print(json.dumps({"same": losses == eager and torch.equal(w.detach(), eager_w),
+                      "seen": [sorted(s.items()) for s in seen], "program": sorted(program_team.items()),
+                      "program_after": sorted(nices("python").items()), "base": os.nice(0),
+                      "stats": terra.stats("train")}))
+""")
+
+
+def worker_nices(tmp_path, nice):
+    script = tmp_path / "worker_nice.py"
+    script.write_text(WORKER_NICE)
+    env = dict(os.environ, TERRA_ADAPTIVE="0")  # co-executed throughout, whatever is faster
+    out = subprocess.run([sys.executable, str(script), str(nice)], capture_output=True, text=True,
+                         check=True, env=env)
+    import json
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["stats"]["iterations_coexecuted"] >= 8, r["stats"]
+    assert r["same"], "co-executed losses or parameters differ from eager execution"
+    return r
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
+@pytest.mark.parametrize("nice", [7, 0])
+def test_the_graphrunners_workers_run_below_it_and_the_programs_do_not(tmp_path, nice):
+    r = worker_nices(tmp_path, nice)
+    base = r["base"]
+    # The GraphRunner (its first thread named terra-graph) keeps the program's priority; its
+    # workers, named after it, run `nice` below it once a step has run a parallel region.
+    with_workers = [dict(s) for s in r["seen"] if len(s) >= 2]
+    assert with_workers, r["seen"]
+    for threads in with_workers:
+        runner = min(threads)
+        assert threads[runner] == base, r["seen"]
+        assert all(n == min(19, base + nice) for t, n in threads.items() if t != runner), r["seen"]
+    # The program thread's own workers, before and after the session, run as it does.
+    assert all(n == base for _, n in r["program"] + r["program_after"]), r
+
+
+def test_worker_nice_is_in_the_policy_and_checked():
+    import terra
+    assert terra.config()["worker_nice"] == 10  # the default (TERRA_WORKER_NICE unset)
+    try:
+        assert terra.config(worker_nice=3)["worker_nice"] == 3
+        with pytest.raises(ValueError, match="worker_nice must be 0 to 19"):
+            terra.config(worker_nice=20)
+        assert terra.config()["worker_nice"] == 3
+    finally:
+        terra.config(worker_nice=10)

@@ -41,6 +41,7 @@ SETTINGS = {
     "replay": "replay recorded iterations below autograd in the GraphRunner (on/off)",
     "fast_path": "hot Tensor methods and torch functions skip PyTorch's binding while co-executing (on/off)",
     "worker_spin": "the GraphRunner's idle OpenMP workers: spin, sleep, or auto (time both, keep the faster)",
+    "worker_nice": "how far below the GraphRunner its OpenMP workers run, 0 to 19 (a spinning worker yields its core)",
     "summary": "print a one-line summary after each co-executed cell (on/off)",
 }
 BOOLEAN_SETTINGS = ("adaptive", "replay", "fast_path", "summary")
@@ -287,10 +288,15 @@ class TerraMagics(Magics):
                     raise UsageError(f"%terra config: {key} needs a whole number, got {value!r}")
                 if changes[key] < 0:
                     raise UsageError(f"%terra config: {key} cannot be negative")
+                if key == "worker_nice" and changes[key] > 19:
+                    raise UsageError(f"%terra config: worker_nice is 0 to 19, got {changes[key]}")
         if "summary" in changes:
             self.cells.summary = changes.pop("summary")
         if changes:
-            terra.config(**changes)
+            try:
+                terra.config(**changes)
+            except ValueError as e:  # a value the engine refuses (worker_nice=20): nothing changed
+                raise UsageError(f"%terra config: {e}")
         print("Terra: settings updated")
 
 

@@ -387,7 +387,10 @@ def config(**settings):
     by default) and worker_spin (what the GraphRunner's idle OpenMP workers do while
     co-executing: "spin" as eager's do, "sleep" soon after each parallel region, leaving the
     core to Python, or "auto", the default: each graph times both and keeps the faster;
-    TERRA_WORKER_SPIN sets the default) and lanes (while the GraphRunner's workers sleep, a
+    TERRA_WORKER_SPIN sets the default) and worker_nice (how many nice steps below the
+    GraphRunner its OpenMP workers run while co-executing, 0 to 19, default 10, so that a worker
+    spinning between parallel regions yields its core to Python and the GraphRunner;
+    TERRA_WORKER_NICE sets the default) and lanes (while the GraphRunner's workers sleep, a
     program thread waiting for it runs independent kernels of the replayed backward; off by
     default, TERRA_LANES=1 turns it on by default) and program_cache (while a session is open,
     the program thread's CPU allocations of 64 KiB to 32 MiB come from Terra's caching allocator
