@@ -195,7 +195,7 @@ WORKER_NICE = textwrap.dedent("""
 
     def make():
         torch.manual_seed(0)
-        return torch.randn(256, 256), torch.randn(256, 256, requires_grad=True)
+        return torch.randn(512, 512), torch.randn(512, 512, requires_grad=True)
 
     def train(big, w, steps, seen):
         opt = torch.optim.SGD([w], lr=1e-3, momentum=0.9)
@@ -204,7 +204,8 @@ WORKER_NICE = textwrap.dedent("""
             opt.zero_grad()
             # The matmuls are long enough to be spread over the program's two threads while the
             # program waits for .item(): a parallel region of the GraphRunner, made by its workers.
-            loss = torch.nn.functional.layer_norm(big @ w, (256,)).relu().sum()
+            # (512x512: about a millisecond each, far above the 50 us that marks a kernel for spreading.)
+            loss = torch.nn.functional.layer_norm(big @ w, (512,)).relu().sum()
             loss.backward()
             opt.step()
             losses.append(loss.item())       # the GraphRunner has run this step
