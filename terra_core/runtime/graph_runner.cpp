@@ -466,6 +466,7 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   b.iteration = item.iteration;
   b.graph = item.graph;
   b.replayer.set_lanes(lanes_on_.load(std::memory_order_relaxed) ? lanes_.get() : nullptr);
+  lower_openmp_workers(worker_nice_.load(std::memory_order_relaxed));  // the policy's, per iteration
   if (!replay_.load(std::memory_order_relaxed) || item.graph == 0) return;
   if (b.entries.size() >= BlockStore::kMaxEntries) b.entries.clear();
   b.first = {item.graph, item.node, static_cast<int>(item.kind)};
@@ -786,7 +787,6 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
 void GraphRunner::use_threads(int n) {
   // Reductions split work by thread count: the program thread's, so results are bitwise those
   // of eager execution (or one, where a replayed block was checked to give the same bits).
-  lower_openmp_workers(worker_nice_.load(std::memory_order_relaxed));
   if (n > 0 && at::get_num_threads() != n) set_intraop_threads(n);
   ready_openmp_workers(n);  // a pool released (ReleaseTeam) at the same count is new
 }

@@ -187,7 +187,7 @@ class GraphRunner {
     lanes_on_.store(lanes, std::memory_order_relaxed);
   }
   // How far below the GraphRunner its OpenMP workers run (Policy::worker_nice,
-  // lower_openmp_workers); set by the Python thread, applied from the next item on.
+  // lower_openmp_workers); set by the Python thread, applied from the next iteration on.
   void set_worker_nice(int nice) { worker_nice_.store(nice, std::memory_order_relaxed); }
   struct ReplayCounts {
     uint64_t iterations = 0;  // co-executed iterations replayed whole

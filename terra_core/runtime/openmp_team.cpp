@@ -141,9 +141,14 @@ bool openmp_workers_spinning() {
 
 namespace {
 
-thread_local int t_worker_nice = 0;    // lower_openmp_workers's setting for this thread's workers
-thread_local int t_lowered_upto = 1;   // the pool's workers up to this count were lowered ...
-thread_local int t_lowered_by = 0;     // ... by this much
+// The calling thread's lowering of its workers: one thread-local, so each check below is one
+// lookup (set_intraop_threads runs it at every thread-count switch of a replayed block).
+struct LoweredWorkers {
+  int nice = 0;  // lower_openmp_workers's setting
+  int upto = 1;  // the pool's workers up to this count were lowered ...
+  int by = 0;    // ... by this much
+};
+thread_local LoweredWorkers t_lowered;
 
 pid_t thread_id() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
@@ -175,17 +180,19 @@ void lower_workers(int threads, int by) {
 
 void lower_openmp_workers(int nice) {
   nice = std::clamp(nice, 0, 19);
-  if (nice == t_worker_nice) return;
-  if (nice < t_lowered_by) release_openmp_team();  // their priority cannot be raised back
-  t_worker_nice = nice;
-  t_lowered_upto = 1;  // lowered again (or not) at the next region
+  LoweredWorkers& l = t_lowered;
+  if (nice == l.nice) return;
+  if (nice < l.by) release_openmp_team();  // their priority cannot be raised back
+  l.nice = nice;
+  l.upto = 1;  // lowered again (or not) at the next region
 }
 
 void ready_openmp_workers(int threads) {
-  if (t_worker_nice == 0 || threads <= t_lowered_upto) return;
-  lower_workers(threads, t_worker_nice);
-  t_lowered_upto = threads;
-  t_lowered_by = t_worker_nice;
+  LoweredWorkers& l = t_lowered;
+  if (l.nice == 0 || threads <= l.upto) return;
+  lower_workers(threads, l.nice);
+  l.upto = threads;
+  l.by = l.nice;
 }
 
 namespace {
@@ -232,8 +239,8 @@ void restore_intraop_threads(const IntraopThreads& previous) {
 void release_openmp_team() {
   static const PauseAll pause = find<PauseAll>("omp_pause_resource_all", "libgomp.so.1");
   if (pause) pause(kPauseSoft);
-  t_lowered_upto = 1;  // the workers are gone
-  t_lowered_by = 0;
+  t_lowered.upto = 1;  // the workers are gone
+  t_lowered.by = 0;
 }
 
 }  // namespace terra::runtime
