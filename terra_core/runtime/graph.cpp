@@ -149,8 +149,7 @@ namespace {
 const char* workers_trial_name(Graph::WorkersTrial t) {
   switch (t) {
     case Graph::WorkersTrial::Untried: return "untried";
-    case Graph::WorkersTrial::Waiting: return "waiting";
-    case Graph::WorkersTrial::Timing: return "timing";
+    case Graph::WorkersTrial::Pairing: return "pairing";
     case Graph::WorkersTrial::Done: break;
   }
   return "done";

@@ -17,6 +17,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "op_template.h"
+#include "terra/paired_trial.h"
 #include "terra/payoff.h"
 #include "terra/trace_graph.h"
 
@@ -86,16 +87,18 @@ struct Graph {
   // (openmp_team.h, limit_openmp_spinning). Flipped each time the payoff check finds co-execution
   // slower than eager execution, so its next timing of co-execution tries the workers the other
   // way (Policy::worker_spin auto): where the spinning workers took the program's core, asleep
-  // may win. Where co-execution wins the first time, it is timed once the other way as well, and
-  // that way kept where it took at most 0.9 of the first's time (WorkersTrial,
-  // PythonRunner::choose_workers): winning does not mean the workers took no core.
+  // may win. Where co-execution wins the first time, the two ways run in alternating blocks of
+  // co-executed iterations, and the other way is kept where it was faster (WorkersTrial,
+  // terra/paired_trial.h, PythonRunner::choose_workers): winning does not mean the workers took
+  // no core.
   bool workers_asleep = false;
-  // Co-execution has been timed a second time: the other way (a first win's trial) or after its
-  // first loss (choose_workers).
+  // Co-execution has been timed a second time after its first loss (choose_workers).
   bool retimed_coexec = false;
-  // Waiting: for its timing, which then runs the other way (Timing) until the check after it.
-  enum class WorkersTrial : uint8_t { Untried, Waiting, Timing, Done };
+  // Pairing: the two ways alternate (workers_pairing, way A being workers_asleep_before).
+  enum class WorkersTrial : uint8_t { Untried, Pairing, Done };
   WorkersTrial workers_trial = WorkersTrial::Untried;
+  terra::PairedTrial workers_pairing;
+  bool workers_asleep_before = false;
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   // Co-executed iterations with the workers spinning: their wall time, and the CPU time threads
   // other than the program's and the GraphRunner's used meanwhile (its OpenMP workers, above

@@ -55,12 +55,8 @@ constexpr uint64_t kAheadHigh = 1024, kAheadLow = 512;
 // within noise of each other).
 constexpr uint64_t kAheadBytes = 32ull << 20;
 // Eager iterations after co-execution first lost with the GraphRunner's idle workers spinning,
-// before it is timed with them asleep, and co-executed ones after it first won, before it is timed
-// with them the other way (Graph::workers_asleep, PythonRunner::choose_workers).
+// before it is timed with them asleep (Graph::workers_asleep, PythonRunner::choose_workers).
 constexpr int64_t kFirstAsleepRecheck = 8;
-// The workers' other way, timed after co-execution first won, stays only if at most this share of
-// the first way's time (PythonRunner::choose_workers).
-constexpr double kTrialGain = 0.9;
 // The OpenMP team moves between the threads (openmp_team.h) at most this often within a session:
 // a move costs 0.2-0.5 ms (the pool's workers exit, the next region makes new ones), and a program
 // that diverges every iteration would pay it twice per iteration. Held back too long, the program
@@ -417,10 +413,14 @@ void PythonRunner::end_iteration() {
     // one also measured the GraphRunner in its steady state (coexec_seconds).
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
     const uint32_t checks = graph_->payoff.checks();
-    graph_->payoff.record(boundary_, chosen_eager_, clean, seconds, policy_.payoff_margin,
-                          policy_.payoff_check_budget);
+    // While the workers' two ways alternate, co-execution is timed for the payoff check the way it
+    // won (A): a slower way B's iterations would make it lose to eager execution (dcgan, asleep
+    // 1.3x slower: held eager for 276 of 297 steps after a check that followed a B block).
+    const bool other_way = graph_->workers_trial == Graph::WorkersTrial::Pairing && graph_->workers_pairing.b();
+    graph_->payoff.record(boundary_, chosen_eager_, clean && (chosen_eager_ || !other_way), seconds,
+                          policy_.payoff_margin, policy_.payoff_check_budget);
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
-    if (choosing_spin()) trial_workers();
+    if (choosing_spin() && !chosen_eager_) pair_workers(clean, seconds);
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -578,6 +578,7 @@ void PythonRunner::choose_workers() {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep) where that
     // may win, the same way again where not.
+    if (g.workers_trial == Trial::Pairing) g.workers_asleep = g.workers_asleep_before;
     if (other_way_may_win) g.workers_asleep = !g.workers_asleep;
     // The first loss: time co-execution again soon, not after a hold that grows with how much
     // slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps co-executed, its
@@ -592,31 +593,25 @@ void PythonRunner::choose_workers() {
   if (g.workers_trial == Trial::Untried && !other_way_may_win) {
     g.workers_trial = Trial::Done;
   } else if (g.workers_trial == Trial::Untried) {
-    // The first win: co-execution is timed soon with the workers the other way. Winning does not
-    // mean the spinning workers took no core: hf_bert's co-execution (forced, fresh processes)
-    // ran its steps at 9-12 ms with them spinning, beating the same process's eager steps, and
-    // at 5.3-8 ms with them asleep (eager in a fresh process: 6-9 ms), the spinning worker
-    // having used 10 ms of CPU per step on two cores. The way flips when that timing begins
-    // (trial_workers), compared with the hold's latest times as they were.
-    g.workers_trial = Trial::Waiting;
-    g.payoff.retime_coexec_within(kFirstAsleepRecheck);
-  } else if (g.workers_trial == Trial::Timing) {
-    // Both ways won against eager execution: the other way stays only where it was clearly
-    // faster (one program's step time varies by 20% between runs here: a trial decided by noise
-    // would leave a program the slower way, asleep costing convolution programs 1.2-1.5x).
-    g.workers_trial = Trial::Done;
-    if (!(g.payoff.coexec_seconds() < kTrialGain * g.payoff.retimed_from_seconds()))
-      g.workers_asleep = !g.workers_asleep;
+    // The first win: the two ways alternate in blocks of co-executed iterations (paired_trial.h)
+    // and the faster stays. Winning does not mean the spinning workers took no core: hf_bert's
+    // co-execution ran its steps at 9-12 ms with them spinning, beating eager's, and at 5.3-8 ms
+    // with them asleep, the spinning worker having used 10 ms of CPU per step on two cores
+    // (forced co-execution, fresh processes); in one process, alternating blocks, asleep over
+    // spinning: hf_bert 0.68, hf_gpt2 0.94, but dropblock 1.49, dcgan 1.31, bert 1.29
+    // (bench/results/worker_spin_interleaved.md).
+    g.workers_trial = Trial::Pairing;
+    g.workers_pairing = terra::PairedTrial{};
+    g.workers_asleep_before = g.workers_asleep;
   }
 }
 
-void PythonRunner::trial_workers() {
+void PythonRunner::pair_workers(bool clean, double seconds) {
   Graph& g = *graph_;
-  if (g.workers_trial != Graph::WorkersTrial::Waiting) return;
-  if (g.payoff.phase() != terra::Payoff::Phase::MeasureCoExec) return;
-  g.workers_trial = Graph::WorkersTrial::Timing;
-  g.workers_asleep = !g.workers_asleep;
-  g.retimed_coexec = true;
+  if (g.workers_trial != Graph::WorkersTrial::Pairing || iteration_mode_ != Mode::CoExec) return;
+  const auto verdict = g.workers_pairing.record(clean && mode_ == Mode::CoExec, seconds);
+  g.workers_asleep = g.workers_pairing.b() ? !g.workers_asleep_before : g.workers_asleep_before;
+  if (verdict != terra::PairedTrial::Verdict::Running) g.workers_trial = Graph::WorkersTrial::Done;
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

@@ -224,8 +224,9 @@ class PythonRunner {
   // Adds a co-executed iteration with the workers spinning to Graph::spinning_seconds and
   // spinning_others_cpu (choose_workers reads them).
   void note_others_cpu(double wall_seconds);
-  // At an iteration's end: where a trial's timing has just begun, flips the workers' way for it.
-  void trial_workers();
+  // At a co-executed iteration's end, while the two ways alternate (Graph::WorkersTrial::Pairing):
+  // its time to the trial, and the way for the next iteration.
+  void pair_workers(bool clean, double seconds);
   bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);

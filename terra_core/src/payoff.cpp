@@ -45,15 +45,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   ++l.iterations;
   if (clean) (eager ? l.eager : l.coexec).add(seconds);
   if (phase_ == Phase::Hold) {
-    if (--hold_left_ <= 0) {
-      if (retime_coexec_) {
-        const Totals t = totals(false);
-        retimed_from_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
-      }
-      start(choice_eager_ || retime_coexec_ ? Phase::MeasureCoExec : Phase::MeasureEager);
-      retiming_ = retime_coexec_;
-      retime_coexec_ = false;
-    }
+    if (--hold_left_ <= 0) start(choice_eager_ ? Phase::MeasureCoExec : Phase::MeasureEager);
     return;
   }
   ++iterations_;
@@ -69,13 +61,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   const Totals t = totals(false);
   // No loop was timed both ways: keep co-executing (it is what the program asked for).
   const double limit = t.eager * (1.0 + margin);
-  // Co-execution timed another way that loses where the way before had won stays chosen, at the
-  // new times: the runtime goes back to the way before (PythonRunner::choose_workers). Choosing
-  // eager execution here held it for the rest of short programs (corpus p01, 81 steps: 44 of
-  // them eager at 210-230 us in 4 of 8 runs, its co-executed steps taking 105-130; a fresh
-  // process's eager steps 232-243).
-  const bool way_before_won = retiming_ && retimed_from_s_ > 0 && retimed_from_s_ * static_cast<double>(t.weight) <= limit;
-  decide(t.weight > 0 && t.coexec > limit && !way_before_won, t, check_budget);
+  decide(t.weight > 0 && t.coexec > limit, t, check_budget);
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {
@@ -95,14 +81,6 @@ bool Payoff::clear_winner(double margin, double check_budget) {
   const bool eager_known = measured_eager_ || phase_ == Phase::MeasureEager;
   const Totals t = totals(!eager_known);
   if (t.weight == 0) return false;
-  // Co-execution timed another way, clearly slower than it was: that way is not worth the rest of
-  // a full timing (corpus p01's steps with the workers asleep took 230-1,100 us against 105-120,
-  // for the 25 steps a full timing took of the program's 81).
-  if (retiming_ && retimed_from_s_ > 0 &&
-      t.coexec > kClear * retimed_from_s_ * static_cast<double>(t.weight)) {
-    decide(false, t, check_budget);
-    return true;
-  }
   const double limit = t.eager * (1.0 + margin);
   if (t.coexec > limit * kClear) {
     measured_eager_ = eager_known;
@@ -127,7 +105,6 @@ int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) 
 }
 
 void Payoff::decide(bool eager, const Totals& t, double check_budget) {
-  retiming_ = false;
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
   const int64_t base =

@@ -1455,21 +1455,25 @@ def test_the_graph_runners_workers_asleep_change_no_result():
     assert s["kernels_spread_while_waited"] <= s["kernels_replayed"] // s["iterations_replayed"], s
 
 
+PAIRED_BLOCK = 6  # terra::PairedTrial::kBlock
+
+
 @pytest.mark.parametrize("coexec_wins", [False, True])
 def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins):
     # With the payoff check on, co-execution that lost to eager execution is timed again, after
     # the eager hold, with the GraphRunner's idle workers asleep (then spinning again, ...);
-    # where it wins the first time, it is timed once with them asleep as well, soon, and the
-    # faster way stays. The margin forces each outcome against eager execution; which way of the
-    # workers is faster is the machine's, so only that both were timed is checked there.
+    # where it wins the first time, the two ways alternate in blocks of co-executed iterations
+    # (terra/paired_trial.h) and the faster stays. The margin forces each outcome against eager
+    # execution; which way of the workers is faster is the machine's, so only that both were
+    # timed is checked there.
     s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120)
     assert s["payoff"]["checks"] >= 2, s["payoff"]
     assert s["workers_trial"] == "done", s
     if coexec_wins:
         assert s["payoff"]["choice"] == "co-execute", s["payoff"]
-        # Spinning up to the first check and 8 iterations into its hold, then asleep for the
-        # trial's timing (at least 3 iterations), then the faster way.
-        assert 3 <= s["iterations_workers_asleep"] < s["iterations_coexecuted"] - 8, s
+        # Spinning up to the first check and for the trial's first block, then asleep for its
+        # second (a whole block at least), then the faster way.
+        assert PAIRED_BLOCK <= s["iterations_workers_asleep"] <= s["iterations_coexecuted"] - PAIRED_BLOCK, s
     else:
         assert 0 < s["iterations_workers_asleep"] < s["iterations_coexecuted"], s
         assert_coexec_timed_again_soon()  # with the workers asleep

@@ -67,20 +67,6 @@ class Payoff {
   void recheck_within(int64_t iterations) {
     if (phase_ == Phase::Hold) hold_left_ = std::min(hold_left_, iterations);
   }
-  // Times co-execution again after at most `iterations` more of a co-execution hold (the
-  // program's co-execution is to be timed another way); the check after it compares the new
-  // times with eager's last ones. Co-execution stays chosen, at the new times, where they lose
-  // to eager's while the hold's had won, and as soon as kQuick samples are slower than the hold's
-  // by kClear (the runtime then goes back to the way before: PythonRunner::choose_workers).
-  // Outside such a hold: nothing.
-  void retime_coexec_within(int64_t iterations) {
-    if (phase_ != Phase::Hold || choice_eager_) return;
-    hold_left_ = std::min(hold_left_, iterations);
-    retime_coexec_ = true;
-  }
-  // Co-execution's time per iteration (weighted over loops) from the hold's latest samples, taken
-  // as that timing began: what the new way's times are to be compared with. 0 before one.
-  double retimed_from_seconds() const { return retimed_from_s_; }
   Phase phase() const { return phase_; }
   bool choice_eager() const { return choice_eager_; }  // the last check's choice
   uint32_t checks() const { return checks_; }
@@ -119,9 +105,6 @@ class Payoff {
   Phase phase_ = Phase::MeasureCoExec;
   bool choice_eager_ = false;
   bool measured_eager_ = false;
-  bool retime_coexec_ = false;  // the hold ends in a co-execution timing (retime_coexec_within)
-  bool retiming_ = false;       // that timing is under way (until its check)
-  double retimed_from_s_ = 0;
   int samples_ = 0, iterations_ = 0;  // in the current measuring phase
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;

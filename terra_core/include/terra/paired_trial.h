@@ -1,0 +1,61 @@
+// PairedTrial: which of two ways of running a loop is faster, from alternating blocks of its own
+// iterations.
+//
+// The host's speed drifts: on the 2-core VM of session 31 and later, one program's step time
+// differs by up to 30% between processes and by 10-20% within one over seconds, so a single
+// timing phase of each way (what the GraphRunner's workers' trial did before) decided by noise:
+// music_transformer and bert kept their workers asleep in some processes although they ran 1.27
+// and 1.29 times slower so, hf_bert kept them spinning although asleep took 0.68 of the time.
+// Neighbouring blocks see nearly the same host, so the ratio of each pair of neighbouring blocks
+// (one each way) cancels the drift: bench/interleaved.py, which times two settings that way in
+// one process, gave quartiles within 3-10% of the median where separate processes' runs overlapped.
+//
+// Blocks of kBlock iterations run A B B A A B ...; the first kSettle iterations of a block are not
+// counted (the switch itself costs: an OpenMP pool made or released). Each pair gives t(B)/t(A)
+// from its blocks' mean iteration times. A first pair beyond kClear either way decides at once (a
+// clearly slower way costs kBlock iterations, not a whole trial); otherwise B is taken where the
+// median of kPairs pairs is below kGain.
+//
+// Plain C++ on plain numbers: the runtime feeds it co-executed iteration times (PythonRunner).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace terra {
+
+class PairedTrial {
+ public:
+  static constexpr int kBlock = 6;
+  static constexpr int kSettle = 2;
+  static constexpr int kPairs = 4;
+  static constexpr double kClear = 1.25;
+  static constexpr double kGain = 0.95;
+  // Iterations after which a trial that could not fill its blocks (too few clean iterations)
+  // keeps A.
+  static constexpr int kMaxIterations = 8 * kPairs * 2 * kBlock;
+
+  enum class Verdict : uint8_t { Running, KeepA, TakeB };
+
+  // Whether the next iteration runs way B (until a verdict; after it, whether B was taken).
+  bool b() const { return verdict_ == Verdict::Running ? block_is_b(block_) : verdict_ == Verdict::TakeB; }
+  // An iteration ran the way b() said and took `seconds`. `clean`: it measured that way alone (ran
+  // wholly co-executed after an iteration that did); an unclean one starts its block's settling
+  // again.
+  Verdict record(bool clean, double seconds);
+  Verdict verdict() const { return verdict_; }
+  // t(B) / t(A) per pair so far.
+  const std::vector<double>& ratios() const { return ratios_; }
+
+ private:
+  static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...
+  void decide(Verdict v) { verdict_ = v; }
+
+  Verdict verdict_ = Verdict::Running;
+  int block_ = 0, in_block_ = 0, counted_ = 0, iterations_ = 0;
+  double sum_ = 0;
+  double pair_[2] = {0, 0};  // this pair's block times: A, B
+  std::vector<double> ratios_;
+};
+
+}  // namespace terra

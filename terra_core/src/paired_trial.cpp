@@ -1,0 +1,41 @@
+#include "terra/paired_trial.h"
+
+#include <algorithm>
+
+namespace terra {
+
+PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
+  if (verdict_ != Verdict::Running) return verdict_;
+  if (++iterations_ > kMaxIterations) {
+    decide(Verdict::KeepA);
+    return verdict_;
+  }
+  if (!clean || !(seconds > 0)) {
+    in_block_ = counted_ = 0;
+    sum_ = 0;
+    return verdict_;
+  }
+  if (in_block_++ >= kSettle) {
+    sum_ += seconds;
+    ++counted_;
+  }
+  if (in_block_ < kBlock) return verdict_;
+  pair_[block_is_b(block_) ? 1 : 0] = sum_ / counted_;
+  in_block_ = counted_ = 0;
+  sum_ = 0;
+  if (block_++ % 2 == 0) return verdict_;  // the pair's first block
+  const double ratio = pair_[1] / pair_[0];
+  ratios_.push_back(ratio);
+  if (ratios_.size() == 1 && (ratio > kClear || ratio * kClear < 1.0)) {
+    decide(ratio > 1.0 ? Verdict::KeepA : Verdict::TakeB);
+  } else if (static_cast<int>(ratios_.size()) == kPairs) {
+    std::vector<double> sorted = ratios_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    decide(median < kGain ? Verdict::TakeB : Verdict::KeepA);
+  }
+  return verdict_;
+}
+
+}  // namespace terra

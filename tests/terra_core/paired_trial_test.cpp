@@ -1,0 +1,102 @@
+#include "terra/paired_trial.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+namespace terra::test {
+namespace {
+
+using Verdict = PairedTrial::Verdict;
+
+// Runs the trial until its verdict (at most `limit` iterations); an iteration's time is
+// `time(b, i)` for way B or A at iteration i (a drifting host, say). Returns the ways run.
+std::vector<bool> run(PairedTrial& t, const std::function<double(bool, int)>& time, int limit = 1000) {
+  std::vector<bool> ways;
+  for (int i = 0; i < limit && t.verdict() == Verdict::Running; ++i) {
+    const bool b = t.b();
+    ways.push_back(b);
+    t.record(true, time(b, i));
+  }
+  return ways;
+}
+
+TEST(PairedTrial, AlternatesBlocksABBAAndTakesTheWayFasterInMostPairs) {
+  PairedTrial t;
+  // B 8% faster, while the host slows down by 60% over the trial: each way's plain mean would
+  // mix the drift in, the pairs cancel it.
+  const auto ways = run(t, [](bool b, int i) { return (b ? 0.92 : 1.0) * (1.0 + 0.0125 * i); });
+  ASSERT_EQ(t.verdict(), Verdict::TakeB);
+  EXPECT_TRUE(t.b());
+  ASSERT_EQ(ways.size(), static_cast<size_t>(2 * PairedTrial::kPairs * PairedTrial::kBlock));
+  const int k = PairedTrial::kBlock;
+  for (int block = 0; block < 8; ++block) {  // A B B A A B B A
+    const bool b = block == 1 || block == 2 || block == 5 || block == 6;
+    for (int i = 0; i < k; ++i) EXPECT_EQ(ways[static_cast<size_t>(block * k + i)], b) << block << " " << i;
+  }
+  // Each pair alone holds the drift between its blocks, in opposite directions for an A B pair and
+  // the B A pair after it: together they give B's share.
+  ASSERT_EQ(t.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
+  EXPECT_GT(t.ratios()[0], 0.92);
+  EXPECT_LT(t.ratios()[1], 0.92);
+  for (size_t i = 0; i + 1 < t.ratios().size(); i += 2)
+    EXPECT_NEAR(std::sqrt(t.ratios()[i] * t.ratios()[i + 1]), 0.92, 0.005) << i;
+}
+
+TEST(PairedTrial, KeepsAWhereBIsNotClearlyFaster) {
+  PairedTrial t;
+  run(t, [](bool b, int i) { return (b ? 0.97 : 1.0) + (i % 3) * 0.01; });  // 3%: within kGain
+  EXPECT_EQ(t.verdict(), Verdict::KeepA);
+  EXPECT_FALSE(t.b());
+  PairedTrial slower;
+  run(slower, [](bool b, int) { return b ? 1.1 : 1.0; });
+  EXPECT_EQ(slower.verdict(), Verdict::KeepA);
+  EXPECT_EQ(slower.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
+}
+
+TEST(PairedTrial, AFirstPairFarApartDecidesAtOnce) {
+  PairedTrial slow_b;
+  const auto ways = run(slow_b, [](bool b, int) { return b ? 1.5 : 1.0; });
+  EXPECT_EQ(slow_b.verdict(), Verdict::KeepA);
+  EXPECT_EQ(ways.size(), static_cast<size_t>(2 * PairedTrial::kBlock));  // one pair
+  PairedTrial fast_b;
+  run(fast_b, [](bool b, int) { return b ? 0.6 : 1.0; });
+  EXPECT_EQ(fast_b.verdict(), Verdict::TakeB);
+  EXPECT_EQ(fast_b.ratios().size(), 1u);
+}
+
+TEST(PairedTrial, TheFirstIterationsOfEachBlockAreNotCounted) {
+  PairedTrial t;
+  // Each block's first kSettle iterations pay for the switch (10x); B is otherwise 30% faster.
+  const int k = PairedTrial::kBlock;
+  run(t, [k](bool b, int i) { return (i % k) < PairedTrial::kSettle ? 10.0 : (b ? 0.7 : 1.0); });
+  EXPECT_EQ(t.verdict(), Verdict::TakeB);
+  ASSERT_EQ(t.ratios().size(), 1u);
+  EXPECT_DOUBLE_EQ(t.ratios()[0], 0.7);
+}
+
+TEST(PairedTrial, AnUncleanIterationRestartsItsBlocksSettlingAndTooFewCleanOnesKeepA) {
+  PairedTrial t;
+  // One unclean iteration in the middle of the first block: the block needs kBlock clean ones
+  // after it (its settling again), so the first pair ends kSettle + 1 + ... iterations later.
+  for (int i = 0; i < 3; ++i) t.record(true, 1.0);
+  t.record(false, 50.0);  // not counted, whatever it took
+  int n = 0;
+  while (t.verdict() == Verdict::Running && n < 100) {
+    t.record(true, t.b() ? 0.5 : 1.0);
+    ++n;
+  }
+  EXPECT_EQ(t.verdict(), Verdict::TakeB);
+  EXPECT_EQ(n, 2 * PairedTrial::kBlock);
+  EXPECT_DOUBLE_EQ(t.ratios()[0], 0.5);
+  // Never clean: the trial gives up after kMaxIterations and keeps A.
+  PairedTrial never;
+  for (int i = 0; i <= PairedTrial::kMaxIterations; ++i) never.record(false, 1.0);
+  EXPECT_EQ(never.verdict(), Verdict::KeepA);
+  EXPECT_TRUE(never.ratios().empty());
+}
+
+}  // namespace
+}  // namespace terra::test
