@@ -1467,7 +1467,9 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
     # execution; which way of the workers is faster is the machine's, so only that both were
     # timed is checked there.
     s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120)
-    assert s["payoff"]["checks"] >= 2, s["payoff"]
+    # A win's trial runs within the hold that follows it (which may outlast the 120 steps); a loss
+    # is timed again after a short eager hold.
+    assert s["payoff"]["checks"] >= (1 if coexec_wins else 2), s["payoff"]
     assert s["workers_trial"] == "done", s
     if coexec_wins:
         assert s["payoff"]["choice"] == "co-execute", s["payoff"]
