@@ -414,8 +414,8 @@ void PythonRunner::end_iteration() {
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
     const uint32_t checks = graph_->payoff.checks();
     // While the workers' two ways alternate, co-execution is timed for the payoff check the way it
-    // won (A): a slower way B's iterations would make it lose to eager execution (dcgan, asleep
-    // 1.3x slower: held eager for 276 of 297 steps after a check that followed a B block).
+    // won (A) only: a check right after a block of a slower way B (dcgan asleep: 1.3x) would time
+    // co-execution at B's times, and hold eager execution for it.
     const bool other_way = graph_->workers_trial == Graph::WorkersTrial::Pairing && graph_->workers_pairing.b();
     graph_->payoff.record(boundary_, chosen_eager_, clean && (chosen_eager_ || !other_way), seconds,
                           policy_.payoff_margin, policy_.payoff_check_budget);
