@@ -416,11 +416,12 @@ void PythonRunner::end_iteration() {
     // While the workers' two ways alternate, co-execution is timed for the payoff check the way it
     // won (A) only: a check right after a block of a slower way B (dcgan asleep: 1.3x) would time
     // co-execution at B's times, and hold eager execution for it.
-    const bool other_way = graph_->workers_trial == Graph::WorkersTrial::Pairing && graph_->workers_pairing.b();
-    graph_->payoff.record(boundary_, chosen_eager_, clean && (chosen_eager_ || !other_way), seconds,
-                          policy_.payoff_margin, policy_.payoff_check_budget);
+    const bool other_way = !chosen_eager_ && graph_->workers_trial == Graph::WorkersTrial::Pairing &&
+                           graph_->workers_pairing.b();
+    graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
+                          policy_.payoff_check_budget);
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
-    if (choosing_spin() && !chosen_eager_) pair_workers(clean, seconds);
+    if (choosing_spin()) pair_workers(clean, seconds);
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -608,8 +609,9 @@ void PythonRunner::choose_workers() {
 
 void PythonRunner::pair_workers(bool clean, double seconds) {
   Graph& g = *graph_;
+  // Only co-executed iterations time a way (`clean`: wholly co-executed, after one that was).
   if (g.workers_trial != Graph::WorkersTrial::Pairing || iteration_mode_ != Mode::CoExec) return;
-  const auto verdict = g.workers_pairing.record(clean && mode_ == Mode::CoExec, seconds);
+  const auto verdict = g.workers_pairing.record(clean, seconds);
   g.workers_asleep = g.workers_pairing.b() ? !g.workers_asleep_before : g.workers_asleep_before;
   if (verdict != terra::PairedTrial::Verdict::Running) g.workers_trial = Graph::WorkersTrial::Done;
 }

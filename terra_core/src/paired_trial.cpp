@@ -1,13 +1,13 @@
 #include "terra/paired_trial.h"
 
-#include <algorithm>
+#include "terra/median.h"
 
 namespace terra {
 
 PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
   if (verdict_ != Verdict::Running) return verdict_;
   if (++iterations_ > kMaxIterations) {
-    decide(Verdict::KeepA);
+    verdict_ = Verdict::KeepA;
     return verdict_;
   }
   if (!clean || !(seconds > 0)) {
@@ -27,13 +27,10 @@ PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
   const double ratio = pair_[1] / pair_[0];
   ratios_.push_back(ratio);
   if (ratios_.size() == 1 && (ratio > kClear || ratio * kClear < 1.0)) {
-    decide(ratio > 1.0 ? Verdict::KeepA : Verdict::TakeB);
+    verdict_ = ratio > 1.0 ? Verdict::KeepA : Verdict::TakeB;
   } else if (static_cast<int>(ratios_.size()) == kPairs) {
     std::vector<double> sorted = ratios_;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t n = sorted.size();
-    const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-    decide(median < kGain ? Verdict::TakeB : Verdict::KeepA);
+    verdict_ = median_in_place(sorted.begin(), sorted.end()) < kGain ? Verdict::TakeB : Verdict::KeepA;
   }
   return verdict_;
 }

@@ -1,5 +1,7 @@
 #include "terra/payoff.h"
 
+#include "terra/median.h"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -14,10 +16,7 @@ void Payoff::Window::add(double x) {
 
 double Payoff::Window::median() const {
   std::array<double, kSamples> s = v;
-  for (int i = 1; i < n; ++i)  // insertion sort of the n samples
-    for (int j = i; j > 0 && s[static_cast<size_t>(j - 1)] > s[static_cast<size_t>(j)]; --j)
-      std::swap(s[static_cast<size_t>(j - 1)], s[static_cast<size_t>(j)]);
-  return n % 2 ? s[static_cast<size_t>(n / 2)] : 0.5 * (s[static_cast<size_t>(n / 2 - 1)] + s[static_cast<size_t>(n / 2)]);
+  return median_in_place(s.begin(), s.begin() + n);
 }
 
 std::vector<Payoff::LoopTimes> Payoff::loops() const {

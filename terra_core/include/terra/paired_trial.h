@@ -49,7 +49,6 @@ class PairedTrial {
 
  private:
   static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...
-  void decide(Verdict v) { verdict_ = v; }
 
   Verdict verdict_ = Verdict::Running;
   int block_ = 0, in_block_ = 0, counted_ = 0, iterations_ = 0;
