@@ -239,6 +239,13 @@ PYBIND11_MODULE(_C, m) {
     if (PyErr_Occurred()) throw py::error_already_set();
   },
         "Makes a placeholder an ordinary tensor (waits for its value).");
+  m.def("placeholder_state", [](const at::Tensor& t) -> std::string {
+    const auto* p = terra::runtime::as_placeholder(t);
+    if (!p) return "tensor";
+    return p->slot() ? "placeholder" : "kept";
+  }, "What a tensor is to Terra: an ordinary 'tensor', a 'placeholder' the GraphRunner fills, or a "
+     "dropped placeholder 'kept' to be handed out again (placeholder.h: PlaceholderPool), which the "
+     "program can never reach.");
   m.def("expose", [](const at::Tensor& t) { return R().expose(t); },
         "A NumPy array now shares t's memory: ops read it when issued until unexpose(key).");
   m.def("unexpose", [](uintptr_t key) { R().unexpose(key); });

@@ -192,6 +192,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},
+          {"placeholders_reused", g.placeholders_reused},
           {"ops_dispatched", dispatched_total},
           {"ops_dispatched_top", top},
           {"fetches", g.fetches},

@@ -79,6 +79,7 @@ struct Graph {
   // Co-executed ATen ops that came through the C fast path (python/fast_path.cpp) rather than
   // PyTorch's binding and the dispatcher (those are counted per node: Node::dispatched).
   uint64_t ops_fast = 0;
+  uint64_t placeholders_reused = 0;  // outputs handed out as a dropped placeholder (PythonRunner::reuse_)
   std::vector<Fallback> fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.

@@ -41,6 +41,8 @@
 
 namespace terra::runtime {
 
+class PlaceholderPool;  // placeholder.h
+
 // The time on a CPU-time clock (CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID, a thread's
 // pthread_getcpuclockid), in seconds.
 inline double cpu_clock_seconds(clockid_t clock) {
@@ -155,7 +157,8 @@ class GraphRunner {
   // decrefs the object under the GIL (torch's PyObject preservation); were that the GraphRunner's
   // (a replayed block's value table, an autograd graph's saved tensors), it would wait for the
   // GIL and hand it back: two futex calls on each thread, up to ten per step of a small MLP.
-  void reclaim(bool all = false);
+  // `pool`: dead output placeholders among the dropped arguments go there (GIL held).
+  void reclaim(bool all = false, PlaceholderPool* pool = nullptr);
   // Python thread: the output bytes of the items issued after item `done` (a `done()` it read).
   uint64_t pending_bytes(uint64_t done) const { return bytes_ - bytes_before(done); }
   // Python thread: whether `next_item` will return without waiting for the GraphRunner.

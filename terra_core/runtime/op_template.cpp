@@ -381,6 +381,9 @@ void OpTemplate::derive_from_aliases() {
     out_bytes += n;
   }
   host_candidate = !mutates_input && !accelerator && fresh_cpu_no_grad && out_bytes <= kHostOpBytes;
+  reuses_out = kind == OpKind::Aten && outs.size() == 1 && return_sizes.size() == 1 && return_sizes[0] == -1 &&
+               outs[0].alias_arg < 0 && !outs[0].view && !outs[0].none && !outs[0].meta.requires_grad &&
+               indexed_view == IndexedView::None && out_bytes <= kReuseBytes;
 }
 
 void OpTemplate::mark_same_as_input(size_t out, int arg) {

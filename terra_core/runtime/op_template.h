@@ -103,6 +103,10 @@ struct OpTemplate {
   bool host_candidate = false;
   static constexpr uint64_t kHostOpBytes = 64 * 1024;
   IndexedView indexed_view = IndexedView::None;
+  // Its output placeholder may be kept and handed out again (PythonRunner::reuse_): one small
+  // new tensor outside autograd, not a view, from an ATen op.
+  bool reuses_out = false;
+  static constexpr uint64_t kReuseBytes = 16 * 1024;
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
   std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other

@@ -1,7 +1,9 @@
-#include <Python.h>  // reference counts of placeholders' objects (DeadValueWatch), never a call
+#include <Python.h>  // placeholders' objects: reference counts, weak references, attributes
 
 #include "placeholder.h"
 
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <sstream>
@@ -196,6 +198,89 @@ uint32_t release_dead_values(const torch::jit::Stack& args, uint64_t seq) {
     });
   }
   return released;
+}
+
+}  // namespace terra::runtime
+
+namespace terra::runtime {
+
+namespace {
+
+// Nothing but `ref` (one strong reference) reaches the placeholder `p`, and nothing tells it from
+// a new one: see PlaceholderPool.
+bool dead_but_for(const at::Tensor& ref, PlaceholderImpl& p) {
+  if (p.filled() || p.detached() || p.unsafe_storage() || p.autograd_meta() || p.has_extra_meta()) return false;
+  // The reference, and the Python object's if it has one (which, with `ref` alive, holds the
+  // object in turn: torch's PyObject preservation); weak ones: the strong ones' together, and
+  // the PythonRunner's list of live placeholders.
+  PyObject* obj = p.pyobj_slot()->load_pyobj();
+  if (ref.use_count() != (obj ? 2u : 1u) || ref.weak_use_count() != 2) return false;
+  if (!obj) return true;
+  // Only the tensor holds its object: no Python reference, attribute, weak reference or hook,
+  // and the class eager execution gives a new tensor.
+  if (Py_REFCNT(obj) != 1 || Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return false;
+  const auto* var = reinterpret_cast<const THPVariable*>(obj);
+  if (var->backward_hooks || var->post_accumulate_grad_hooks) return false;
+  const Py_ssize_t weaklist = Py_TYPE(obj)->tp_weaklistoffset;
+  if (weaklist > 0 && *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + weaklist)) return false;
+  PyObject** dict = _PyObject_GetDictPtr(obj);
+  return !dict || !*dict || PyDict_GET_SIZE(*dict) == 0;
+}
+
+}  // namespace
+
+void PlaceholderPool::offer(c10::IValue& v) {
+  if (!v.isTensor()) return;
+  PlaceholderImpl* p = v.toTensor().defined() ? as_placeholder(v.toTensor()) : nullptr;
+  if (!p || p->reuse_node_ == PlaceholderImpl::kNoReuse || kept_ == kMaxKept) return;
+  // The GIL: the dispatcher route runs Terra with it released (torch's bindings release it
+  // around the call), where another Python thread may run; the C fast path holds it.
+  if (!PyGILState_Check()) return;
+  // Dropped from the item first: an item that read it twice (`c * c`) holds it twice.
+  at::Tensor t = std::move(v).toTensor();
+  v = c10::IValue();
+  if (!dead_but_for(t, *p)) return;
+  if (p->reuse_node_ >= by_node_.size()) by_node_.resize(p->reuse_node_ + 1);
+  p->slot_.reset();  // its value goes now, as it would have with the placeholder
+  p->group_.reset();
+  if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_UnTrack(obj);
+  by_node_[p->reuse_node_].push_back(c10::intrusive_ptr<PlaceholderImpl>::reclaim(
+      static_cast<PlaceholderImpl*>(t.unsafeReleaseTensorImpl())));
+  ++kept_;
+}
+
+at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, const std::shared_ptr<Slot>& slot,
+                                 std::shared_ptr<AliasGroup>&& group) {
+  if (node >= by_node_.size() || by_node_[node].empty()) return {};
+  c10::intrusive_ptr<PlaceholderImpl> p = std::move(by_node_[node].back());
+  by_node_[node].pop_back();
+  --kept_;
+  if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_Track(obj);
+  // The program may have changed its shape in place (`t.t_()`); inference mode decides the keys
+  // and the version counter of a new placeholder. Otherwise `p` dies here.
+  if (p->sizes() != c10::IntArrayRef(meta.sizes) || p->strides() != c10::IntArrayRef(meta.strides) ||
+      p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
+      p->is_inference() != c10::InferenceMode::is_enabled())
+    return {};
+  p->slot_ = slot;
+  p->group_ = std::move(group);
+  p->born_requiring_grad_ = false;
+  p->last_use_ = 0;
+  auto& version = p->version_counter_;
+  if (version.enabled() && (!version.unique() || version.current_version() != 0)) version = c10::VariableVersion(0);
+  return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>(std::move(p)));
+}
+
+void PlaceholderPool::clear() {
+  if (kept_ == 0) return;
+  const PyGILState_STATE gil = PyGILState_Ensure();  // they die here, with their Python objects
+  for (auto& kept : by_node_) {
+    for (auto& p : kept)
+      if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_Track(obj);
+    kept.clear();
+  }
+  kept_ = 0;
+  PyGILState_Release(gil);
 }
 
 }  // namespace terra::runtime

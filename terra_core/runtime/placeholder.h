@@ -86,6 +86,13 @@ class PlaceholderImpl final : public c10::TensorImpl {
   uint64_t last_use() const { return last_use_; }
   void set_last_use(uint64_t seq) { last_use_ = seq; }
 
+  // The node whose output this placeholder is, where its template lets the output be reused
+  // (OpTemplate::reuses_out; PlaceholderPool); kNoReuse otherwise.
+  static constexpr uint32_t kNoReuse = UINT32_MAX;
+  uint32_t reuse_node() const { return reuse_node_; }
+  void set_reuse_node(uint32_t node) { reuse_node_ = node; }
+  bool has_extra_meta() const { return extra_meta_ != nullptr; }
+
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
       bool allow_tensor_metadata_change) const override;
@@ -107,7 +114,9 @@ class PlaceholderImpl final : public c10::TensorImpl {
   bool detached_;
   bool filled_ = false;
   bool born_requiring_grad_ = false;
+  uint32_t reuse_node_ = kNoReuse;
   uint64_t last_use_ = 0;
+  friend class PlaceholderPool;
 };
 
 // Metadata a placeholder is made from (recorded at trace time).
@@ -209,6 +218,36 @@ class DeadValueWatch {
   static bool only_reader_holds(PlaceholderImpl& p, uint64_t lightened);
   Entry entries_[kSize];
   size_t n_ = 0;
+};
+
+// Output placeholders the program has dropped, kept to be handed out again as their node's next
+// output (OpTemplate::reuses_out): no new TensorImpl and Python object per op, none freed. On a
+// 1x1 add chain, making a placeholder and its object and freeing them were about a quarter of
+// what the program thread did per op. A placeholder is taken in when an executed item lets go of
+// it as an argument and nothing else reaches it any more (the `z` of `z = z + y`, read by the
+// next add): no Python reference, attribute, weak reference or hook, no autograd metadata, no
+// other C++ reference than the PythonRunner's list of live placeholders. Its slot goes at once
+// (the value is freed as it would have been), its object leaves the cyclic collector's lists
+// (gc.get_objects() no more finds it than it would find a freed one) until it is handed out.
+// Program thread only, GIL held (`offer` does nothing without it, `clear` takes it).
+class PlaceholderPool {
+ public:
+  // Drops `v`, an executed item's argument, if it is a placeholder of a node whose outputs are
+  // reused, and keeps it if nothing else reaches it any more.
+  void offer(c10::IValue& v);
+  // A kept placeholder of `node`, renewed as make_placeholder(meta, slot, group) would make one
+  // now; undefined if none.
+  at::Tensor take(uint32_t node, const TensorMeta& meta, const std::shared_ptr<Slot>& slot,
+                  std::shared_ptr<AliasGroup>&& group);
+  void clear();  // the kept placeholders die
+
+ private:
+  // At most this many kept, about 300 bytes each: as many as the items a program thread running
+  // ahead may have issued before the executed ones are dropped (python_runner.cpp, kAheadHigh),
+  // in which a node's dropped outputs arrive in a burst.
+  static constexpr size_t kMaxKept = 2048;
+  std::vector<std::vector<c10::intrusive_ptr<PlaceholderImpl>>> by_node_;
+  size_t kept_ = 0;
 };
 
 // GraphRunner thread, right after running item `seq`: drops the values of the placeholders among

@@ -266,6 +266,7 @@ void PythonRunner::exit() {
   if (runner_) advance_sequence(runner_->sequence());
   mode_ = Mode::Off;
   set_hook(false);
+  pool_.clear();
   live_.clear();
   live_prune_at_ = kLivePruneSlack;
   set_value_graveyard(nullptr);
@@ -437,7 +438,7 @@ void PythonRunner::end_iteration() {
                 live_.end());
     live_prune_at_ = 2 * live_.size() + kLivePruneSlack;
   }
-  if (runner_) runner_->reclaim();
+  if (runner_) runner_->reclaim(/*all=*/false, &pool_);
 }
 
 double PythonRunner::coexec_seconds(double span_seconds) {
@@ -1213,6 +1214,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
         }
         if (!writes) return;
         auto* p = as_placeholder(x);
+        // The program sees the version an in-place op gives its tensor at once, as eagerly (the
+        // GraphRunner's op bumps the value's counter, which the placeholder takes when filled).
+        // A view of a real tensor shares no counter with it (issue's make_out).
+        if (p && p->version_counter().enabled()) p->bump_version();
         if (p && p->group()) {
           p->group()->last_write = seq;
         } else {
@@ -1246,10 +1251,32 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     // placeholder made there would be an inference tensor, without a version counter to share).
     const bool normal_view = o.view && c10::InferenceMode::is_enabled() && !stack->empty() &&
                              (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
+    // With the GIL only (the C fast path): the pool works with Python objects, and a node issued
+    // through the dispatcher route (the GIL released) would fill it with what it never takes.
+    if (t.reuses_out && PyGILState_Check()) {
+      at::Tensor p = pool_.take(node_id, o.meta, slot, std::move(group));
+      if (p.defined()) {
+        ++graph_->placeholders_reused;
+      } else {
+        p = make_placeholder(o.meta, slot, std::move(group));
+        static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(node_id);
+        live_.emplace_back(p.getIntrusivePtr());
+      }
+      item->outs[index] = std::move(slot);
+      return p;
+    }
     std::optional<c10::InferenceMode> not_inference;
     if (normal_view) not_inference.emplace(false);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
     not_inference.reset();
+    // A view of a placeholder shares its version counter, as eagerly (outside inference mode).
+    // Not one of a real tensor: the GraphRunner's ops bump that counter themselves.
+    if (o.view && !c10::InferenceMode::is_enabled() && !stack->empty() && (*stack)[0].isTensor() &&
+        (*stack)[0].toTensor().defined()) {
+      const PlaceholderImpl* base = as_placeholder((*stack)[0].toTensor());
+      if (base && base->version_counter().enabled())
+        p.unsafeGetTensorImpl()->set_version_counter(base->version_counter());
+    }
     if (t.indexed_view != IndexedView::None) {
       p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(*stack));
     }
@@ -1284,7 +1311,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     wait_for(seq, t.name);
     for (const c10::IValue& v : *stack) for_each_tensor(v, [&](const at::Tensor& x) { fill(x); });
   }
-  r.reclaim();  // drop executed items soon: their outputs die, so the allocator reuses warm memory
+  r.reclaim(/*all=*/false, &pool_);  // drop executed items soon: their outputs die, so the allocator reuses warm memory
   const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
   const uint64_t ahead = r.issued() - done;
   if (ahead > kAheadHigh || (ahead > 1 && r.pending_bytes(done) > kAheadBytes)) {
@@ -1648,6 +1675,7 @@ void PythonRunner::catch_up(bool move_team) {
 }
 
 void PythonRunner::materialize_all() {
+  pool_.clear();  // a dropped placeholder needs no value
   for (auto& weak : live_) {
     at::Tensor t(weak.lock());
     if (t.defined()) fill(t);

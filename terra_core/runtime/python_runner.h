@@ -300,6 +300,9 @@ class PythonRunner {
   std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
   torch::jit::Stack scratch_;   // issue(): the returns' buffer, reused
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
+  // Dropped output placeholders to hand out again (placeholder.h); emptied before every live
+  // placeholder is made real, and when the session ends.
+  PlaceholderPool pool_;
   size_t live_prune_at_ = kLivePruneSlack;  // prune `live_` of dead entries past this size
   static constexpr size_t kLivePruneSlack = 256;
   uint64_t last_external_write_ = 0;
