@@ -382,7 +382,7 @@ void OpTemplate::derive_from_aliases() {
   }
   host_candidate = !mutates_input && !accelerator && fresh_cpu_no_grad && out_bytes <= kHostOpBytes;
   reuses_out = kind == OpKind::Aten && outs.size() == 1 && return_sizes.size() == 1 && return_sizes[0] == -1 &&
-               outs[0].alias_arg < 0 && !outs[0].view && !outs[0].none && !outs[0].meta.requires_grad &&
+               outs[0].alias_arg < 0 && !outs[0].view && !outs[0].none &&
                indexed_view == IndexedView::None && out_bytes <= kReuseBytes;
 }
 

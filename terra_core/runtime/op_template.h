@@ -103,8 +103,8 @@ struct OpTemplate {
   bool host_candidate = false;
   static constexpr uint64_t kHostOpBytes = 64 * 1024;
   IndexedView indexed_view = IndexedView::None;
-  // Its output placeholder may be kept and handed out again (PythonRunner::reuse_): one small
-  // new tensor outside autograd, not a view, from an ATen op.
+  // Its output placeholder may be kept and handed out again (placeholder.h, PlaceholderPool): one small
+  // new tensor, not a view, from an ATen op.
   bool reuses_out = false;
   static constexpr uint64_t kReuseBytes = 16 * 1024;
   std::vector<ArgSpec> args;

@@ -208,8 +208,20 @@ namespace {
 
 // Nothing but `ref` (one strong reference) reaches the placeholder `p`, and nothing tells it from
 // a new one: see PlaceholderPool.
+// No autograd metadata, or what make_placeholder gives an output that requires grad: a leaf
+// requiring grad, with no gradient, hook, name or forward gradient (the program may have given it
+// any of them before dropping it).
+bool as_made(PlaceholderImpl& p) {
+  auto* meta = static_cast<torch::autograd::AutogradMeta*>(p.autograd_meta());
+  if (!meta) return true;
+  return p.born_requiring_grad() && meta->requires_grad_ && !meta->grad_.defined() && !meta->grad_fn_ &&
+         meta->grad_accumulator_.expired() && !meta->fw_grad_ && meta->hooks_.empty() && !meta->cpp_hooks_list_ &&
+         !meta->post_acc_grad_hooks_ && !meta->retains_grad_ && !meta->is_view_ && meta->name_.empty() &&
+         meta->output_nr_ == 0;
+}
+
 bool dead_but_for(const at::Tensor& ref, PlaceholderImpl& p) {
-  if (p.filled() || p.detached() || p.unsafe_storage() || p.autograd_meta() || p.has_extra_meta()) return false;
+  if (p.filled() || p.detached() || p.unsafe_storage() || p.has_extra_meta() || !as_made(p)) return false;
   // The reference, and the Python object's if it has one (which, with `ref` alive, holds the
   // object in turn: torch's PyObject preservation); weak ones: the strong ones' together, and
   // the PythonRunner's list of live placeholders.
@@ -260,11 +272,11 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, const st
   // and the version counter of a new placeholder. Otherwise `p` dies here.
   if (p->sizes() != c10::IntArrayRef(meta.sizes) || p->strides() != c10::IntArrayRef(meta.strides) ||
       p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
-      p->is_inference() != c10::InferenceMode::is_enabled())
+      p->is_inference() != c10::InferenceMode::is_enabled() || (p->autograd_meta() != nullptr) != meta.requires_grad)
     return {};
   p->slot_ = slot;
   p->group_ = std::move(group);
-  p->born_requiring_grad_ = false;
+  p->born_requiring_grad_ = meta.requires_grad;  // as_made: its autograd metadata says so
   p->last_use_ = 0;
   auto& version = p->version_counter_;
   if (version.enabled() && (!version.unique() || version.current_version() != 0)) version = c10::VariableVersion(0);

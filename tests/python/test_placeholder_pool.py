@@ -116,3 +116,26 @@ def test_kept_placeholders_are_invisible_to_the_cyclic_collector():
     assert coexec == eager
     assert eager_kinds == {"tensor"} and "kept" not in kinds, kinds
     assert reused("test_kept_placeholders_are_invisible_to_the_cyclic_collector.<locals>.loop") > 0
+
+
+def test_outputs_that_require_grad_are_reused_and_training_matches_eager():
+    def train(steps=400):
+        torch.manual_seed(0)
+        w = torch.randn(7, 5, requires_grad=True)
+        b = torch.zeros(5, requires_grad=True)
+        opt = torch.optim.SGD([w, b], lr=0.05)  # in place: no new outputs of its own
+        x, y = operands()
+        losses = []
+        for _ in range(steps):
+            h = torch.tanh(x @ w + b)  # the small outputs here all require grad
+            loss = ((h - y[:, :5]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return w.detach(), b.detach(), torch.stack(losses)
+
+    eager = train()
+    coexec = terra.run(train)
+    assert all(torch.equal(a, c) for a, c in zip(eager, coexec))
+    assert reused("test_outputs_that_require_grad_are_reused_and_training_matches_eager.<locals>.train") > 0
