@@ -37,6 +37,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"bound_kernels_one_thread", c.bound_one_thread},
           {"kernels_spread_while_waited", c.spread},
           {"random_fills_inlined", c.random_fills},
+          {"results_reused", c.results_reused},
           {"kernels_run_by_waiting_program", c.helped},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},

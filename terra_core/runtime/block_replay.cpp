@@ -1391,7 +1391,9 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
   if (filled) ++random_fills_;  // a barrier: never on a helping thread
+  const uint64_t reused = k.elementwise ? k.elementwise->reused() : 0;
   const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
+  if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
     k.op->redispatchBoxed(k.keys, &stack);

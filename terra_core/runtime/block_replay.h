@@ -292,6 +292,8 @@ class BlockReplayer {
   uint64_t spread() const { return spread_; }
   // Random kernels replayed with their draws made in batches (RandomFill).
   uint64_t random_fills() const { return random_fills_; }
+  // Elementwise kernels whose result went into their kept last one (ElementwiseReplay).
+  uint64_t results_reused() const { return results_reused_; }
   // Kernels a waiting program thread ran (kernel_lanes.h).
   uint64_t helped() const { return helped_; }
 
@@ -318,6 +320,7 @@ class BlockReplayer {
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
   uint64_t random_fills_ = 0;
+  uint64_t results_reused_ = 0;
   uint64_t helped_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.

@@ -11,6 +11,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
 
 #include <cstdlib>
@@ -123,6 +124,21 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
 #endif
 }
 
+bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
+  if (!kept_.defined()) return false;
+  // Only this reference: nothing reads the value any more, and nothing will (a placeholder that
+  // took its storage or a view would hold the storage; a Python object, a weak reference, autograd
+  // metadata or a version other than a new tensor's would tell it from one).
+  // Inference mode decides whether a new tensor counts versions at all.
+  const c10::TensorImpl* impl = kept_.unsafeGetTensorImpl();
+  const c10::VariableVersion& version = impl->version_counter();
+  if (version.enabled() == c10::InferenceMode::is_enabled()) return false;
+  return kept_.use_count() == 1 && kept_.weak_use_count() == 1 && kept_.storage().use_count() == 1 &&
+         !impl->pyobj_slot()->load_pyobj() && !impl->autograd_meta() &&
+         (!version.enabled() || (version.unique() && version.current_version() == 0)) &&
+         kept_.sizes() == like.sizes() && kept_.strides() == like.strides() && kept_.storage_offset() == 0;
+}
+
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
   const size_t nargs = (op_ == Op::Add || op_ == Op::Sub) ? 3 : 2;
   if (given_up_ || stack.size() != nargs || !stack[0].isTensor() || !stack[1].isTensor()) return false;
@@ -162,7 +178,16 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
   if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && same_geometry(b, a)))
     return false;
   const at::TensorBase& out_was = iter_->output_base(0);
-  at::Tensor result = in_place_ ? a : at::Tensor(at::detail::empty_strided_cpu(out_was.sizes(), out_was.strides(), dtype));
+  at::Tensor result;
+  if (in_place_) {
+    result = a;
+  } else if (kept_free(out_was)) {
+    result = kept_;
+    ++reused_;
+  } else {
+    result = at::Tensor(at::detail::empty_strided_cpu(out_was.sizes(), out_was.strides(), dtype));
+    if (result.nbytes() <= kKeptBytes) kept_ = result;
+  }
   void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
   for (int i = 0; i < (number ? 2 : 3); ++i) {
     point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);

@@ -569,3 +569,31 @@ def test_a_model_made_again_has_its_gradients_learned_once_not_fetched_every_ste
     # Without re-learning: a fetch per parameter per step (4 x 20 more); with it, the reads of
     # the one iteration before the backward is traced again.
     assert new_model <= same_model + 8, (same_model, new_model)
+
+
+def test_small_elementwise_results_go_into_their_kept_last_one_only_when_nothing_holds_it():
+    # ElementwiseReplay keeps its last small result and writes the next one into it where nothing
+    # else holds it any more; results the program keeps (or views of them) must never be written.
+    def chain(steps=300):
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.rand(4, 5, generator=g), torch.rand(4, 5, generator=g)
+        kept, sums = [], []
+        for i in range(steps):
+            z = x * (1.0 + i / steps)  # a value of its own each iteration
+            for _ in range(8):
+                z = z * 0.9 + y
+            if i % 7 == 0:
+                kept.append(z)
+            if i % 11 == 0:
+                kept.append(z.view(-1))  # a view holds the storage
+            sums.append(z.sum())
+        return kept, torch.stack(sums)
+
+    terra.config(adaptive=False)
+    eager_kept, eager_sums = chain()
+    kept, sums = terra.run(chain)
+    assert len(kept) == len(eager_kept)
+    assert all(torch.equal(a, b) for a, b in zip(eager_kept, kept))
+    assert torch.equal(sums, eager_sums)
+    s = terra.stats(chain.__qualname__)
+    assert s["iterations_replayed"] > 100 and s["results_reused"] > 0, s

@@ -180,19 +180,59 @@ TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
   EXPECT_EQ(4, int_alpha[0].toTensor()[0].item<int64_t>());
 }
 
-// The kept iterator holds no reference to, and no memory of, any run's tensors.
-TEST(ElementwiseReplay, KeepsNoTensorAlive) {
+// The kept iterator holds no reference to, and no memory of, any run's inputs; of the results,
+// only the last one, and only where it is small (kKeptBytes, 16 KiB).
+TEST(ElementwiseReplay, KeepsNoInputAliveAndOnlyASmallLastResult) {
   const auto& op = handle("aten::add", "Tensor");
-  ElementwiseReplay replay(ElementwiseReplay::covered(op));
-  at::Tensor a = at::randn({64, 64}), b = at::randn({64, 64});
-  torch::jit::Stack stack{a, b, c10::Scalar(1.0)};
-  ASSERT_TRUE(replay.run(stack));
-  at::Tensor result = stack[0].toTensor();
-  stack.clear();
-  EXPECT_EQ(1u, a.use_count());
-  EXPECT_EQ(1u, b.use_count());
-  EXPECT_EQ(1u, result.use_count());
-  EXPECT_EQ(1u, result.storage().use_count());
+  for (const int64_t n : {128, 4}) {  // 64 KiB, 64 bytes
+    ElementwiseReplay replay(ElementwiseReplay::covered(op));
+    at::Tensor a = at::randn({n, n}), b = at::randn({n, n});
+    torch::jit::Stack stack{a, b, c10::Scalar(1.0)};
+    ASSERT_TRUE(replay.run(stack));
+    at::Tensor result = stack[0].toTensor();
+    stack.clear();
+    EXPECT_EQ(1u, a.use_count());
+    EXPECT_EQ(1u, b.use_count());
+    EXPECT_EQ(n == 4 ? 2u : 1u, result.use_count()) << n;
+    EXPECT_EQ(1u, result.storage().use_count());
+  }
+}
+
+// A run writes into the kept last result only where nothing else holds it (a tensor, a view's
+// storage), and that result then reads as a new one would.
+TEST(ElementwiseReplay, WritesIntoTheKeptResultOnlyWhenNothingHoldsIt) {
+  ElementwiseReplay replay(ElementwiseReplay::covered(handle("aten::mul", "Tensor")));
+  const at::Tensor a = at::randn({3, 5}), b = at::randn({3, 5});
+  auto run = [&] {
+    torch::jit::Stack stack{a, b};
+    EXPECT_TRUE(replay.run(stack));
+    return stack[0].toTensor();
+  };
+  at::Tensor first = run();
+  const at::Tensor expected = first.clone();
+  at::Tensor second = run();  // `first` is held: a new tensor
+  EXPECT_NE(first.data_ptr(), second.data_ptr());
+  EXPECT_EQ(0u, replay.reused());
+  void* memory = second.data_ptr();
+  at::Tensor view = second.view(-1);  // a view holds the storage
+  second = at::Tensor();
+  at::Tensor third = run();
+  EXPECT_NE(memory, third.data_ptr());
+  EXPECT_EQ(0u, replay.reused());
+  memory = third.data_ptr();
+  third.unsafeGetTensorImpl()->bump_version();  // a version a new tensor would not have
+  third = at::Tensor();
+  at::Tensor fourth = run();
+  EXPECT_NE(memory, fourth.data_ptr());
+  memory = fourth.data_ptr();
+  fourth = at::Tensor();
+  at::Tensor fifth = run();  // nothing holds the kept one: written again
+  EXPECT_EQ(memory, fifth.data_ptr());
+  EXPECT_EQ(1u, replay.reused());
+  EXPECT_EQ(0u, fifth.unsafeGetTensorImpl()->version_counter().current_version());
+  EXPECT_TRUE(at::equal(fifth, expected));
+  EXPECT_TRUE(at::equal(first, expected));
+  EXPECT_TRUE(at::equal(view.view({3, 5}), expected));
 }
 
 }  // namespace
