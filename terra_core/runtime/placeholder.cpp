@@ -153,6 +153,11 @@ void DeadValueWatch::check(uint64_t lightened) {
     if (e.p->last_use() != e.seq) continue;    // read again by a later item: watched there
     if (only_reader_holds(*e.p, lightened)) {
       e.p->slot()->release_after.store(e.seq, std::memory_order_release);
+      // Its object leaves the cyclic collector's lists: gc.get_objects() would list a tensor that
+      // eagerly was freed, and reading it would find its value released. Only with the GIL (the C
+      // fast path); on the dispatcher route, which runs without it, it stays listed.
+      PyObject* obj = e.p->pyobj_slot()->load_pyobj();
+      if (obj && PyGILState_Check()) PyObject_GC_UnTrack(obj);
       continue;
     }
     if (++e.checks < kChecks) entries_[kept++] = e;

@@ -139,3 +139,28 @@ def test_outputs_that_require_grad_are_reused_and_training_matches_eager():
     coexec = terra.run(train)
     assert all(torch.equal(a, c) for a, c in zip(eager, coexec))
     assert reused("test_outputs_that_require_grad_are_reused_and_training_matches_eager.<locals>.train") > 0
+
+
+def test_every_tensor_the_cyclic_collector_lists_can_be_read():
+    # A placeholder the program dropped while an item still reads it has its value released right
+    # after that item (DeadValueWatch); gc.get_objects() must not hand it back to the program, as
+    # eagerly that tensor was freed. Reading every listed tensor raised before.
+    def loop(steps=200):
+        x, y = operands()
+        sums = []
+        for i in range(steps):
+            z = x
+            for _ in range(6):
+                z = z + y
+            if i % 20 == 19:
+                found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.shape == (3, 7)]
+                for o in found:
+                    float(o.sum())
+            sums.append(float(z.sum()))
+        return sums
+
+    eager = loop()
+    coexec = terra.run(loop)
+    assert coexec == eager
+    s = terra.stats("test_every_tensor_the_cyclic_collector_lists_can_be_read.<locals>.loop")
+    assert s["iterations_coexecuted"] >= 20, s
