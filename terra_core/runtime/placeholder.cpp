@@ -205,14 +205,8 @@ uint32_t release_dead_values(const torch::jit::Stack& args, uint64_t seq) {
   return released;
 }
 
-}  // namespace terra::runtime
-
-namespace terra::runtime {
-
 namespace {
 
-// Nothing but `ref` (one strong reference) reaches the placeholder `p`, and nothing tells it from
-// a new one: see PlaceholderPool.
 // No autograd metadata, or what make_placeholder gives an output that requires grad: a leaf
 // requiring grad, with no gradient, hook, name or forward gradient (the program may have given it
 // any of them before dropping it).
@@ -225,6 +219,8 @@ bool as_made(PlaceholderImpl& p) {
          meta->output_nr_ == 0;
 }
 
+// Nothing but `ref` (one strong reference) reaches the placeholder `p`, and nothing tells it from
+// a new one: see PlaceholderPool.
 bool dead_but_for(const at::Tensor& ref, PlaceholderImpl& p) {
   if (p.filled() || p.detached() || p.unsafe_storage() || p.has_extra_meta() || !as_made(p)) return false;
   // The reference, and the Python object's if it has one (which, with `ref` alive, holds the
@@ -250,9 +246,6 @@ void PlaceholderPool::offer(c10::IValue& v) {
   if (!v.isTensor()) return;
   PlaceholderImpl* p = v.toTensor().defined() ? as_placeholder(v.toTensor()) : nullptr;
   if (!p || p->reuse_node_ == PlaceholderImpl::kNoReuse || kept_ == kMaxKept) return;
-  // The GIL: the dispatcher route runs Terra with it released (torch's bindings release it
-  // around the call), where another Python thread may run; the C fast path holds it.
-  if (!PyGILState_Check()) return;
   // Dropped from the item first: an item that read it twice (`c * c`) holds it twice.
   at::Tensor t = std::move(v).toTensor();
   v = c10::IValue();

@@ -229,7 +229,9 @@ class DeadValueWatch {
 // other C++ reference than the PythonRunner's list of live placeholders. Its slot goes at once
 // (the value is freed as it would have been), its object leaves the cyclic collector's lists
 // (gc.get_objects() no more finds it than it would find a freed one) until it is handed out.
-// Program thread only, GIL held (`offer` does nothing without it, `clear` takes it).
+// Program thread only, GIL held (`clear` takes it). Without it (the dispatcher route: torch's
+// bindings release it around the call, and another Python thread may run) the PythonRunner
+// neither offers nor takes.
 class PlaceholderPool {
  public:
   // Drops `v`, an executed item's argument, if it is a placeholder of a node whose outputs are

@@ -438,7 +438,7 @@ void PythonRunner::end_iteration() {
                 live_.end());
     live_prune_at_ = 2 * live_.size() + kLivePruneSlack;
   }
-  if (runner_) runner_->reclaim(/*all=*/false, &pool_);
+  if (runner_) runner_->reclaim(/*all=*/false, &pool_);  // called from Python: the GIL is held
 }
 
 double PythonRunner::coexec_seconds(double span_seconds) {
@@ -1236,6 +1236,11 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     }
   }
   item->outs.assign(t.outs.size(), nullptr);
+  // Dropped placeholders are reused with the GIL only (the C fast path): the pool works with
+  // Python objects, and a node issued through the dispatcher route (the GIL released) would fill
+  // it with what it never takes.
+  const bool gil = PyGILState_Check();
+  const bool reuse = gil && t.reuses_out;
   size_t k = 0;
   auto make_out = [&]() -> at::Tensor {
     const OutSpec& o = t.outs[k];
@@ -1251,19 +1256,12 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     // placeholder made there would be an inference tensor, without a version counter to share).
     const bool normal_view = o.view && c10::InferenceMode::is_enabled() && !stack->empty() &&
                              (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
-    // With the GIL only (the C fast path): the pool works with Python objects, and a node issued
-    // through the dispatcher route (the GIL released) would fill it with what it never takes.
-    if (t.reuses_out && PyGILState_Check()) {
-      at::Tensor p = pool_.take(node_id, o.meta, slot, std::move(group));
-      if (p.defined()) {
+    if (reuse) {
+      if (at::Tensor p = pool_.take(node_id, o.meta, slot, std::move(group)); p.defined()) {
         ++graph_->placeholders_reused;
-      } else {
-        p = make_placeholder(o.meta, slot, std::move(group));
-        static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(node_id);
-        live_.emplace_back(p.getIntrusivePtr());
+        item->outs[index] = std::move(slot);
+        return p;  // still in live_
       }
-      item->outs[index] = std::move(slot);
-      return p;
     }
     std::optional<c10::InferenceMode> not_inference;
     if (normal_view) not_inference.emplace(false);
@@ -1280,6 +1278,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     if (t.indexed_view != IndexedView::None) {
       p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(*stack));
     }
+    if (reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(node_id);
     item->outs[index] = std::move(slot);
     live_.emplace_back(p.getIntrusivePtr());
     return p;
@@ -1311,7 +1310,8 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     wait_for(seq, t.name);
     for (const c10::IValue& v : *stack) for_each_tensor(v, [&](const at::Tensor& x) { fill(x); });
   }
-  r.reclaim(/*all=*/false, &pool_);  // drop executed items soon: their outputs die, so the allocator reuses warm memory
+  // Drop executed items soon: their outputs die, so the allocator reuses warm memory.
+  r.reclaim(/*all=*/false, gil ? &pool_ : nullptr);
   const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
   const uint64_t ahead = r.issued() - done;
   if (ahead > kAheadHigh || (ahead > 1 && r.pending_bytes(done) > kAheadBytes)) {
