@@ -374,6 +374,9 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("last") = 0,
      "Recent timeline spans of both lanes by start time (steady-clock ns); with `last`, only those "
      "of the newest `last` iterations.");
+  m.def("runner_busy_ns", [] { return R().runner_busy_ns(); },
+        "Nanoseconds the GraphRunner has spent executing items since it started (idle spinning "
+        "not included).");
   m.def("clear_timeline", [] { terra::runtime::Timeline::instance().clear(); });
   m.def("fallbacks", [](const std::string& name) {
     py::list out;

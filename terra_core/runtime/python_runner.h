@@ -106,6 +106,9 @@ class PythonRunner {
   Graph* graph() const { return graph_; }
   Policy& policy() { return policy_; }
   GraphRunner& runner();
+  // Wall time the GraphRunner has spent executing items (0 before it exists): its work, without
+  // the idle spinning that its CPU time includes.
+  uint64_t runner_busy_ns() const { return runner_ ? runner_->busy_ns() : 0; }
 
   // Interception points.
   void on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);

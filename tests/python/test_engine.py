@@ -285,6 +285,21 @@ def loops_in_sequence(n):
     return x, outs
 
 
+def test_the_graphrunners_busy_time_counts_its_work_and_not_its_idle_time():
+    import time
+    before = terra._c().runner_busy_ns()
+    t0 = time.perf_counter()
+    terra.run(train, 30)
+    terra.sync()
+    worked = terra._c().runner_busy_ns() - before
+    assert terra.stats("train")["iterations_coexecuted"] > 0
+    assert worked > 0  # it executed the co-executed steps' items
+    # Idle, it spins or sleeps: none of that is busy time.
+    time.sleep(0.05)
+    assert terra._c().runner_busy_ns() - before == worked
+    assert worked < (time.perf_counter() - t0) * 1e9
+
+
 def test_new_nodes_while_graphrunner_busy():
     eager_x, eager_outs = loops_in_sequence(40)
     x, outs = terra.run(loops_in_sequence, 40)
