@@ -138,8 +138,10 @@ def write_md(meta, rows):
     busy_lines = [
         "",
         "The GraphRunner's busy time per step, µs (wall time executing items: its CPU time above "
-        "also counts the spinning while it waits for the program thread's next op), and as a share "
-        "of eager's step time (issue 13's GraphRunner target: at most 0.35), medians:",
+        "also counts the spinning while it waits for the program thread's next op; busy time still "
+        "counts the waits inside a replayed block for the program to issue the block's next items, "
+        "so it is an upper bound on the work), and as a share of eager's step time (issue 13's "
+        "GraphRunner target: at most 0.35), medians:",
         "",
         "| intra-op threads | W | replay | share of eager's step | through autograd | share |",
         "|---:|---:|---:|---:|---:|---:|",
