@@ -42,6 +42,8 @@ enum class Form {
   BinaryWeight,  // (input, end, weight): lerp with a Python number as the weight
   Ternary,       // (input, tensor1, tensor2, *, value=1): addcmul, addcdiv
   Linear,        // (input, weight, bias=None)
+  Item,          // (input) -> a Python number: Tensor.item
+  Index,         // (input, i) with i a Python int in range: Tensor.__getitem__ as select(0, i)
 };
 
 enum class Owner { Tensor, Torch, Functional };
@@ -106,6 +108,8 @@ Entry entries[] = {
     TERRA_METHOD("addcmul_", "aten::addcmul_", "", Ternary, false, false),
     TERRA_METHOD("addcdiv", "aten::addcdiv", "", Ternary, false, false),
     TERRA_METHOD("addcdiv_", "aten::addcdiv_", "", Ternary, false, false),
+    TERRA_METHOD("item", "aten::item", "", Item, false, false),
+    TERRA_METHOD("__getitem__", "aten::select", "int", Index, false, false),
     TERRA_FUNCTION(Torch, "relu", "aten::relu", "", Unary, false),
     TERRA_FUNCTION(Torch, "tanh", "aten::tanh", "", Unary, false),
     TERRA_FUNCTION(Torch, "sigmoid", "aten::sigmoid", "", Unary, false),
@@ -174,7 +178,9 @@ bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
 size_t tensors_of(Form form) {
   switch (form) {
     case Form::Unary:
-    case Form::UnaryNone: return 1;
+    case Form::UnaryNone:
+    case Form::Item:
+    case Form::Index: return 1;
     case Form::Ternary: return 3;
     default: return 2;
   }
@@ -205,6 +211,23 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
     } else if (!tensor_arg(args[2], false, stack, &keys)) {
       return false;
     }
+  } else if (e.form == Form::Index) {
+    // `x[i]` as PyTorch's indexing takes a plain int: select(0, i). Anything else (slices,
+    // tuples, tensors, bools, NumPy integers, an index out of range, whose error PyTorch words
+    // itself, a 0-dim tensor) goes to the original.
+    if (nargs != 1 || !PyLong_CheckExact(args[0])) return false;
+    const at::Tensor& self_tensor = stack->back().toTensor();
+    int overflow = 0;
+    const long long i = PyLong_AsLongLongAndOverflow(args[0], &overflow);
+    if (overflow != 0 || (i == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    if (self_tensor.dim() == 0) return false;
+    const int64_t size = self_tensor.sym_size(0).guard_int(__FILE__, __LINE__);
+    if (i < -size || i >= size) return false;
+    stack->emplace_back(static_cast<int64_t>(0));
+    stack->emplace_back(static_cast<int64_t>(i));
   } else {
     const auto tensors = static_cast<Py_ssize_t>(tensors_of(e.form)) - (method ? 1 : 0);
     const Py_ssize_t positional = tensors + (e.form == Form::BinaryWeight ? 1 : 0);
@@ -248,11 +271,25 @@ PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, P
   return PyObject_Vectorcall(e.original, all, static_cast<size_t>(nargs + 1), kwnames);
 }
 
-// The op through the engine, its result wrapped; errors raised as PyTorch's binding raises them.
+// An op's one result as PyTorch's binding returns it: a tensor, or a Scalar as a Python number.
+PyObject* to_python(const c10::IValue& v) {
+  if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
+  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
+  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
+  if (v.isBool()) return PyBool_FromLong(v.toBool());
+  if (v.isComplexDouble()) {
+    const c10::complex<double> c = v.toComplexDouble();
+    return PyComplex_FromDoubles(c.real(), c.imag());
+  }
+  PyErr_Format(PyExc_RuntimeError, "Terra fast path: an op returned %s", v.tagKind().c_str());
+  return nullptr;
+}
+
+// The op through the engine, its result converted; errors raised as PyTorch's binding raises them.
 PyObject* run(const Entry& e, torch::jit::Stack* stack) {
   HANDLE_TH_ERRORS
   PythonRunner::instance().on_fast(*e.handle, stack);
-  return THPVariable_Wrap(stack->at(0).toTensor());
+  return to_python(stack->at(0));
   END_HANDLE_TH_ERRORS
 }
 
