@@ -1446,9 +1446,15 @@ void BlockReplayer::run(WorkItem& item) {
         });
         kernels_ += p.kernels_end - p.kernels_begin;
       } else {
-        torch::jit::Stack stack;  // reused by the item's kernels
+        // Reused by the item's kernels and by the next items' (a vector per item was an
+        // allocation and a free per replayed item); holds no tensor past the item, even one
+        // whose kernel failed.
+        struct Clear {
+          torch::jit::Stack& stack;
+          ~Clear() { stack.clear(); }
+        } clear{scratch_};
         for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
-          run_kernel(block.kernels[ki], stack, item.num_threads, /*alone=*/true);
+          run_kernel(block.kernels[ki], scratch_, item.num_threads, /*alone=*/true);
           ++kernels_;
         }
       }

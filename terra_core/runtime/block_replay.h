@@ -314,6 +314,7 @@ class BlockReplayer {
   uint32_t bind_cursor_ = 0, bind_end_ = 0;  // binding: the next recorded kernel, the item's end
   bool bind_ok_ = true;
   std::vector<c10::IValue> table_;
+  torch::jit::Stack scratch_;  // run: the kernels' arguments and results (empty between items)
   // The grad_fns of outputs (see the header), one per name in Block::grad_fn_names.
   std::vector<NodePtr> freed_;
   uint64_t kernels_ = 0;

@@ -7,6 +7,7 @@
 #define TERRA_ELEMENTWISE_STUBS 1
 #endif
 #include "elementwise_replay.h"
+#include "placeholder.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/BinaryOps.h>
@@ -136,7 +137,8 @@ bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
   return kept_.use_count() == 1 && kept_.weak_use_count() == 1 && kept_.storage().use_count() == 1 &&
          !impl->pyobj_slot()->load_pyobj() && !impl->autograd_meta() &&
          (!version.enabled() || (version.unique() && version.current_version() == 0)) &&
-         kept_.sizes() == like.sizes() && kept_.strides() == like.strides() && kept_.storage_offset() == 0;
+         same_ints(kept_.sizes(), like.sizes()) && same_ints(kept_.strides(), like.strides()) &&
+         kept_.storage_offset() == 0;
 }
 
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
@@ -165,7 +167,7 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
   const at::TensorBase& a_was = iter_->input_base(0);
   const at::TensorBase& b_was = iter_->input_base(1);
   const auto same_geometry = [](const at::TensorBase& t, const at::TensorBase& was) {
-    return t.sizes() == was.sizes() && t.strides() == was.strides();
+    return same_ints(t.sizes(), was.sizes()) && same_ints(t.strides(), was.strides());
   };
   const c10::ScalarType dtype = a_was.scalar_type();
   if (a.scalar_type() != dtype || !same_geometry(a, a_was) || !same_geometry(b, b_was)) return false;

@@ -744,20 +744,28 @@ void GraphRunner::prefetch(const WorkItem& item) {
 }
 
 bool GraphRunner::run_control(const WorkItem& item) {
+  if (item.kind != OpKind::ReleaseTeam && item.kind != OpKind::ClearAutocastCache &&
+      item.kind != OpKind::EndIteration)
+    return false;
+  set_grad_mode(true);  // control work runs with the thread's default (items leave theirs)
   switch (item.kind) {
     case OpKind::ReleaseTeam:
       release_openmp_team();
       at::autocast::clear_cache();  // the program runs ops itself next (thread_state.h)
-      return true;
+      break;
     case OpKind::ClearAutocastCache:
       at::autocast::clear_cache();
-      return true;
-    case OpKind::EndIteration:
-      end_iteration();
-      return true;
+      break;
     default:
-      return false;
+      end_iteration();
   }
+  return true;
+}
+
+void GraphRunner::set_grad_mode(bool on) {
+  if (grad_mode_ == on) return;
+  c10::GradMode::set_enabled(on);
+  grad_mode_ = on;
 }
 
 void GraphRunner::execute(WorkItem& item, uint64_t seq) {
@@ -772,7 +780,9 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
     item.autocast.apply();
     autocast_ = item.autocast;
   }
-  at::AutoGradMode grad(item.grad_mode);
+  // Left as the item set it, not restored: the next item sets its own, mostly the same (a guard
+  // per item wrote the thread-local state twice, through __tls_get_addr, about 90 instructions).
+  set_grad_mode(item.grad_mode);
   std::optional<c10::InferenceMode> inference;
   if (item.inference_mode) inference.emplace();
   BlockStore& b = *blocks_;

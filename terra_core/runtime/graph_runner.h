@@ -250,6 +250,10 @@ class GraphRunner {
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
   void flush_counts();                        // the iteration's tallies into counts_
   void use_threads(int n);                    // intra-op threads for the next kernels
+  // GraphRunner thread: grad mode as the next kernels need it; only this function changes it
+  // between items (guards inside kernels and the autograd engine restore what they change).
+  void set_grad_mode(bool on);
+  bool grad_mode_ = true;  // the thread's GradMode (a new thread starts with it on)
   void end_iteration();
   // Waits until item `seq` is published; false where the Python thread waits for the GraphRunner
   // meanwhile (it will publish nothing more until then) or the runner stops.

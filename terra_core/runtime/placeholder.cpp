@@ -94,7 +94,7 @@ TensorMeta TensorMeta::of(const at::Tensor& t) {
 
 bool TensorMeta::matches(const at::Tensor& t) const {
   return t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
-         t.sizes() == c10::IntArrayRef(sizes) && t.strides() == c10::IntArrayRef(strides);
+         same_ints(t.sizes(), sizes) && same_ints(t.strides(), strides);
 }
 
 std::string TensorMeta::str() const {
