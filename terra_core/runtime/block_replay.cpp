@@ -1175,17 +1175,20 @@ struct ReplayedHistory final : torch::autograd::Node {
   std::string name_;  // the node eager execution made (Python shows `grad_fn=<MulBackward0>`)
 };
 
-c10::IValue raw_item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
-  const c10::IValue& v = item.args.at(arg);
-  return elem < 0 ? v : v.toList().get(static_cast<size_t>(elem));
-}
-
 // Whether `v` is a placeholder the GraphRunner has not filled yet: a value of the iteration being
 // replayed (every earlier iteration's have been filled), which the replay makes as recorded.
 bool unfilled(const c10::IValue& v) {
   if (!v.isTensor() || !v.toTensor().defined()) return false;
   const PlaceholderImpl* p = as_placeholder(v.toTensor());
   return p && !p->slot()->value.defined();
+}
+
+// Whether argument `arg` of `item` (element `elem` of a list argument) is unfilled, a whole
+// argument read in place: a copy of the program's placeholder writes its reference count, a line
+// of the program thread's, twice per check (each item that follows a block had two).
+bool unfilled_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
+  const c10::IValue& v = item.args.at(arg);
+  return elem < 0 ? unfilled(v) : unfilled(v.toList().get(static_cast<size_t>(elem)));
 }
 
 c10::IValue resolved(const c10::IValue& v) {
@@ -1195,7 +1198,8 @@ c10::IValue resolved(const c10::IValue& v) {
 c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
   // A whole argument is read in place: a copy of the program's placeholder would write its
   // reference count, a line of the program thread's, which it writes again when it drops it.
-  return elem < 0 ? resolved(item.args.at(arg)) : resolved(raw_item_arg(item, arg, elem));
+  const c10::IValue& v = item.args.at(arg);
+  return elem < 0 ? resolved(v) : resolved(v.toList().get(static_cast<size_t>(elem)));
 }
 
 }  // namespace
@@ -1263,7 +1267,7 @@ bool BlockReplayer::grads_as_recorded(uint32_t index,
     if (p.kind == OpKind::GradWrite) {
       const WorkItem* w = earlier(k);
       if (!w) return false;
-      const c10::IValue target = raw_item_arg(*w, 0, -1);
+      const c10::IValue& target = w->args.at(0);
       if (!target.isTensor() || unfilled(target)) return false;
       defined[resolve_placeholder(target.toTensor()).unsafeGetTensorImpl()] = !w->args.at(1).isNone();
     } else if (p.kind == OpKind::Backward) {
@@ -1295,10 +1299,10 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
     if (j < next_) {
       before = table_[o.id];
     } else if (const WorkItem* w = earlier(j)) {
-      if (unfilled(raw_item_arg(*w, o.arg, o.elem))) continue;
+      if (unfilled_arg(*w, o.arg, o.elem)) continue;
       before = item_arg(*w, o.arg, o.elem);
     }
-    if (unfilled(raw_item_arg(item, l.arg, l.elem))) continue;
+    if (unfilled_arg(item, l.arg, l.elem)) continue;
     const c10::IValue now = item_arg(item, l.arg, l.elem);
     if (!before.isTensor() || !now.isTensor() || !before.toTensor().is_same(now.toTensor())) return false;
   }
