@@ -52,6 +52,7 @@ PARTS = [
     ("argument building (fast path)", "(anonymous namespace)::build("),
     ("location key (stack hash + occurrence)", "PythonRunner::lookup_key("),
     ("stack hash", "PythonStack::hash("),
+    ("validation against the predicted node (its frame alone)", "PythonRunner::predicted_node("),
     ("validation against the successors", "PythonRunner::matching_successor("),
     ("validation through the location index", "PythonRunner::match_node("),
     ("issue (item, placeholders, reclaim)", "PythonRunner::issue(unsigned int, terra::runtime::OpTemplate const&, std::vector<c10::IValue, std::allocator<c10::IValue> >*) ["),

@@ -34,6 +34,14 @@ struct Fallback {
 struct Node {
   OpTemplate tmpl;
   uint64_t lookup = 0;
+  // What `lookup` was made of (PythonRunner::lookup_key): the op and its call stack (`base`), and
+  // which occurrence of that pair in its iteration; and the calling frame alone (code and
+  // instruction, PythonStack::innermost; 0: not known). An ATen op that is the predicted next
+  // node's op, from that frame, with matching arguments, is that node without walking the stack
+  // (PythonRunner::predicted_node).
+  uint64_t base = 0;
+  uint32_t occurrence = 0;
+  uint64_t innermost = 0;
   uint64_t count = 0;
   // Times co-executed after arriving through the dispatcher rather than the C fast path
   // (python/fast_path.cpp): where the fast path would help next (`%terra explain`).

@@ -478,6 +478,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   const Graph::Root& root = it->second;
   cur_ = root_node_ = root.node;
   path_.clear();
+  uncounted_.clear();  // counts restart with the iteration
   path_.push_back(cur_);
   ++graph_->nodes[cur_].count;
   const bool was_chosen_eager = chosen_eager_;
@@ -698,13 +699,34 @@ uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
   // the template checks then find them in cache instead of waiting on each in turn.
   const OpTemplate* predicted = mode_ == Mode::CoExec ? predicted_template() : nullptr;
   if (predicted) prefetch_arg_specs(*predicted);
-  uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_));
+  uint64_t innermost = 0;
+  uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_, &innermost));
   if (predicted) prefetch_arg_metas(*predicted);
   // Counts restart every iteration: an entry from an earlier iteration counts as zero, so the map
   // keeps its nodes from one iteration to the next instead of being cleared and refilled.
-  Occurrence& n = occurrences_[base];
-  if (n.iteration != iteration_serial_) n = Occurrence{iteration_serial_, 0};
+  auto count = [&](uint64_t b) -> Occurrence& {
+    Occurrence& n = occurrences_[b];
+    if (n.iteration != iteration_serial_) n = Occurrence{iteration_serial_, 0};
+    return n;
+  };
+  for (uint32_t id : uncounted_) {  // each as its own key would have counted it
+    const Node& accepted = graph_->nodes[id];
+    count(accepted.base).count = accepted.occurrence + 1;
+  }
+  uncounted_.clear();
+  Occurrence& n = count(base);
+  last_key_ = KeyParts{base, n.count, innermost};
   return terra::hash_combine(base, n.count++);
+}
+
+uint32_t PythonRunner::predicted_node(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const {
+  if (cur_ == kNoNode) return kNoNode;
+  const uint32_t next = graph_->nodes[cur_].next;
+  if (next == kNoNode) return kNoNode;
+  const Node& n = graph_->nodes[next];
+  if (n.innermost == 0 || n.tmpl.kind != OpKind::Aten || !n.tmpl.op || !(*n.tmpl.op == op)) return kNoNode;
+  if (PythonStack::innermost(root_) != n.innermost || !n.tmpl.matches(stack, nullptr)) return kNoNode;
+  return next;
 }
 
 void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
@@ -722,6 +744,19 @@ void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
 
 void PythonRunner::run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast) {
   auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
+  if (mode_ == Mode::CoExec) {
+    if (const uint32_t node = predicted_node(op, *stack); node != kNoNode) {
+      if (coexec_op(OpKind::Aten, &op, nullptr, 0, stack, exec, node)) {
+        uncounted_.push_back(node);
+        ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched);
+        return;
+      }
+      if (mode_ != Mode::CoExec) {  // it left co-execution: traced from here, keyed in full
+        trace_op(OpKind::Aten, &op, nullptr, lookup_key(OpKind::Aten, &op), stack, exec);
+        return;
+      }
+    }
+  }
   uint64_t lookup = lookup_key(OpKind::Aten, &op);
   if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, nullptr, lookup, stack, exec)) {
     ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched);  // cur_: the op's node
@@ -812,6 +847,10 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
     }
     fresh.source = PythonStack::describe(root_);
     node = graph_->add_node(std::move(fresh), lookup);
+    Node& made = graph_->nodes[node];
+    made.base = last_key_.base;
+    made.occurrence = last_key_.occurrence;
+    made.innermost = last_key_.innermost;
     added_ = true;
     if (first_new_ == kNoNode) {
       first_new_ = node;
@@ -855,13 +894,14 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
 }
 
 bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
-                             uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
+                             uint64_t lookup, torch::jit::Stack* stack, const Exec& exec,
+                             uint32_t predicted) {
   if (runner().failed()) raise_if_failed();
-  uint32_t node = kNoNode;
+  uint32_t node = predicted;
   bool fetched = false;
   bool settled = false;  // a .grad read answered with the real gradient (choose_grad_read)
   std::string why;
-  if (kind != OpKind::GradRead) node = matching_successor(lookup, *stack);
+  if (node == kNoNode && kind != OpKind::GradRead) node = matching_successor(lookup, *stack);
   auto it = graph_->index.end();
   if (node == kNoNode) it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {

@@ -178,8 +178,10 @@ class PythonRunner {
   // `name`: a pseudo-op's; an ATen op's comes from `op` (op_name), only where it is needed.
   void trace_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
+  // `predicted`: the node predicted_node found (then `lookup` is not used).
   bool coexec_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
-                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
+                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec,
+                 uint32_t predicted = UINT32_MAX);
   // Before an op is issued: fills placeholders the program made leaves, copies arguments over
   // memory the program changes without ops; true: the op must run before the program goes on.
   bool prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack);
@@ -238,7 +240,23 @@ class PythonRunner {
   // timeline's fetch_wait span.
   void wait_for(uint64_t seq, std::string_view what);
   void raise_if_failed();
+  // The op's location key: its identity, call stack and occurrence in the iteration (what it
+  // was made of stays in last_key_, for a node made from it). First counts the occurrences of the
+  // ops accepted by predicted_node since the last key, as if each had been keyed.
   uint64_t lookup_key(OpKind kind, const c10::OperatorHandle* op);
+  struct KeyParts {
+    uint64_t base = 0;
+    uint32_t occurrence = 0;
+    uint64_t innermost = 0;
+  };
+  KeyParts last_key_;
+  // While co-executing: the current node's last successor, where the ATen op `op` called from
+  // the same Python frame (code and instruction) with arguments its template matches; kNoNode
+  // otherwise (the op is then keyed and looked up in full). The callers' frames are not walked:
+  // a different caller with the same op, frame and arguments computes the same thing, and where
+  // the program goes on differently the next op does not match.
+  uint32_t predicted_node(const c10::OperatorHandle& op, const torch::jit::Stack& stack) const;
+  std::vector<uint32_t> uncounted_;  // nodes predicted_node accepted since the last lookup_key
   uint64_t needed_seq(const c10::IValue& v) const;
   bool passthrough(const c10::OperatorHandle& op);
   // The node among a location's candidates whose template the call matches, or kNoNode; then

@@ -180,18 +180,36 @@ int offset_of(const _PyInterpreterFrame* f) {
   return static_cast<int>(f->prev_instr - _PyCode_CODE(f->f_code));
 }
 
+// A frame alone, as PythonStack::innermost keys it: its code's content and its instruction.
+uint64_t frame_key(_PyInterpreterFrame* f) {
+  const CodeInfo& info = code_info(f->f_code);
+  return terra::hash_combine(info.hash, instruction_of(info, offset_of(f)));
+}
+
 }  // namespace
 
-uint64_t PythonStack::hash(const Root& root) {
+uint64_t PythonStack::hash(const Root& root, uint64_t* innermost) {
   uint64_t h = 0x84222325cbf29ce4ULL;
+  if (innermost) *innermost = 0;
   for (_PyInterpreterFrame* f = top_frame(); f; f = f->previous) {
     if (skip(f)) continue;
     if (f->f_code == root.stop_code) break;
     const CodeInfo& info = code_info(f->f_code);
-    h = terra::hash_combine(terra::hash_combine(h, info.hash), instruction_of(info, offset_of(f)));
+    const uint32_t instruction = instruction_of(info, offset_of(f));
+    if (innermost && *innermost == 0) *innermost = terra::hash_combine(info.hash, instruction);
+    h = terra::hash_combine(terra::hash_combine(h, info.hash), instruction);
     if (f == root.frame) break;
   }
   return h;
+}
+
+uint64_t PythonStack::innermost(const Root& root) {
+  for (_PyInterpreterFrame* f = top_frame(); f; f = f->previous) {
+    if (skip(f)) continue;
+    if (f->f_code == root.stop_code) return 0;
+    return frame_key(f);
+  }
+  return 0;
 }
 
 std::vector<SourceFrame> PythonStack::describe(const Root& root, size_t max_frames) {

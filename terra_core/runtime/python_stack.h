@@ -30,8 +30,11 @@ class PythonStack {
     const void* frame = nullptr;
     const void* stop_code = nullptr;
   };
-  // Frames from the current one up to the root (the whole stack if neither is set).
-  static uint64_t hash(const Root& root);
+  // Frames from the current one up to the root (the whole stack if neither is set). With
+  // `innermost`, also the current frame's own part of it (its code and instruction; 0 if none).
+  static uint64_t hash(const Root& root, uint64_t* innermost = nullptr);
+  // The current frame's part alone: what a call's frame is, without walking its callers.
+  static uint64_t innermost(const Root& root);
   // The same frames as readable source positions, innermost first (takes the GIL).
   static std::vector<SourceFrame> describe(const Root& root, size_t max_frames = 8);
   // The calling Python frame, and the frame that called a given one.

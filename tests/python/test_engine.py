@@ -285,6 +285,60 @@ def loops_in_sequence(n):
     return x, outs
 
 
+def double(x):
+    return x * 2.0
+
+
+def alternating_callers(steps):
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    outs = []
+    for i in range(steps):
+        if i % 2:
+            y = double(x)  # the same op from the same frame as below, called from another line
+        else:
+            y = double(x + 0.0) * 1.0
+        x = y.tanh()
+        outs.append(x.sum())
+    return x, outs
+
+
+def test_the_same_op_from_the_same_frame_via_another_caller_runs_as_eagerly():
+    # The predicted next node is accepted on the calling frame alone (PythonRunner::predicted_node):
+    # `double`'s multiply is met from two call sites, alternately.
+    eager_x, eager_outs = alternating_callers(30)
+    x, outs = terra.run(alternating_callers, 30)
+    assert torch.equal(eager_x, x)
+    assert all(torch.equal(a, b) for a, b in zip(eager_outs, outs))
+    stats = terra.stats("alternating_callers")
+    assert stats["iterations_coexecuted"] >= 20, stats
+    assert not terra.explain("alternating_callers")
+
+
+def scale_four_times(x, last):
+    for k in range(4):  # one line, one stack: the 4 multiplies are occurrences 0-3 of one location
+        x = x * (last if k == 3 else 1.5)
+    return x
+
+
+def alternating_last_factor(steps):
+    x = torch.ones(3)
+    outs = []
+    for i in range(steps):
+        # an int or a float: the 4th multiply's template alternates, so it is found through its
+        # location key, whose occurrence count must include the 3 accepted without a key
+        outs.append(scale_four_times(x, 2 if i % 2 else 0.5))
+    return outs
+
+
+def test_occurrences_accepted_without_a_key_are_counted_for_the_next_key():
+    eager = alternating_last_factor(30)
+    outs = terra.run(alternating_last_factor, 30)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(eager, outs))
+    stats = terra.stats("alternating_last_factor")
+    assert stats["iterations_coexecuted"] >= 20, stats
+    assert not terra.explain("alternating_last_factor")  # no divergence: every key was right
+
+
 def test_the_graphrunners_busy_time_counts_its_work_and_not_its_idle_time():
     import time
     before = terra._c().runner_busy_ns()
