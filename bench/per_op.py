@@ -10,6 +10,11 @@ For a chain of K elementwise ops per iteration (`z = z + y`) on tensors of a giv
           thread's.
 Rounds are interleaved (eager, terra, eager, terra, ...), each child reports the median of its
 repeats and the table gives the median over rounds. Results: bench/results/per_op.{json,md}.
+
+    .venv/bin/python bench/per_op.py [threads] [--variant PYTHONPATH=/tmp/base/build/python]
+
+`--variant VAR=VALUE` runs Terra a second time per round with that environment variable (another
+build through PYTHONPATH), in the same rounds.
 """
 import json
 import os
@@ -91,17 +96,29 @@ def child(mode, size, threads):
 
 
 def main():
+    import argparse
     import torch
-    threads = int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads()
-    runs = {(m, s): [] for s in SIZES for m in ("eager", "terra")}
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("threads", nargs="?", type=int, default=torch.get_num_threads())
+    ap.add_argument("--variant", help="VAR=VALUE: Terra again with this environment variable, in the "
+                                      "same rounds (PYTHONPATH=<a build's python dir>: another build)")
+    args = ap.parse_args()
+    threads = args.threads
+    modes = ("eager", "terra") + (("variant",) if args.variant else ())
+    runs = {(m, s): [] for s in SIZES for m in modes}
     for _ in range(ROUNDS):
         for s in SIZES:
-            for m in ("eager", "terra"):
-                out = subprocess.run([sys.executable, __file__, "--child", m, str(s), str(threads)],
-                                     check=True, capture_output=True, text=True).stdout
+            for m in modes:
+                env = dict(os.environ)
+                if m == "variant":
+                    key, _, value = args.variant.partition("=")
+                    env[key] = value
+                out = subprocess.run([sys.executable, __file__, "--child", "eager" if m == "eager" else "terra",
+                                      str(s), str(threads)],
+                                     check=True, capture_output=True, text=True, env=env).stdout
                 runs[(m, s)].append(json.loads(out.strip().splitlines()[-1]))
     med = {f"{m}/{s}": {k: statistics.median(r[k] for r in v) for k in v[0]} for (m, s), v in runs.items()}
-    out = {"machine": platform.processor() or platform.machine(), "threads": threads,
+    out = {"machine": platform.processor() or platform.machine(), "threads": threads, "variant": args.variant,
            "torch": torch.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M"), "ops_per_iteration": K, "rounds": ROUNDS,
            "median": med, "runs": {f"{m}/{s}": v for (m, s), v in runs.items()}}
@@ -121,6 +138,21 @@ def main():
         lines.append(f"| {s}x{s} | {e['wall_us']:.2f} | {e['program_cpu_us']:.2f} | "
                      f"{t['program_cpu_us']:.2f} | {t['others_cpu_us']:.2f} | {t['issue_us']:.2f} | "
                      f"{t['wall_us']:.2f} | {e['wall_us'] / t['wall_us']:.2f}x |")
+    lines += ["", "Each round's Terra process (wall µs/op, program thread CPU µs/op): the rounds show "
+              "whether a median sits between two modes (this host runs some processes at twice the "
+              "time per op with the same counters).", ""]
+    for s in SIZES:
+        for m in modes[1:]:
+            cells = ", ".join(f"{r['wall_us']:.2f} / {r['program_cpu_us']:.2f}" for r in runs[(m, s)])
+            lines.append(f"- {m} {s}x{s}: {cells}")
+    if args.variant:
+        lines += ["", f"Variant: Terra with `{args.variant}`, in the same rounds (medians).", "",
+                  "| tensor | variant program thread CPU µs/op | variant GraphRunner+workers CPU µs/op | "
+                  "variant total wall µs/op | speedup (eager/variant wall) |", "|---|---:|---:|---:|---:|"]
+        for s in SIZES:
+            e, v = med[f"eager/{s}"], med[f"variant/{s}"]
+            lines.append(f"| {s}x{s} | {v['program_cpu_us']:.2f} | {v['others_cpu_us']:.2f} | "
+                         f"{v['wall_us']:.2f} | {e['wall_us'] / v['wall_us']:.2f}x |")
     (results / "per_op.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
