@@ -1,6 +1,7 @@
 #include "op_template.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -409,8 +410,10 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
     if (why) *why = "different number of arguments";
     return false;
   }
-  if (grad_mode != at::GradMode::is_enabled() ||
-      inference_mode != c10::InferenceMode::is_enabled()) {
+  // Both modes from one read of the thread's autograd state (GradMode::is_enabled and
+  // InferenceMode::is_enabled each look it up through __tls_get_addr).
+  const c10::AutogradState& modes = c10::AutogradState::get_tls_state();
+  if (grad_mode != modes.get_grad_mode() || inference_mode != modes.get_inference_mode()) {
     if (why) *why = "grad mode / inference mode differs";
     return false;
   }
