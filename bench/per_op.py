@@ -14,7 +14,10 @@ repeats and the table gives the median over rounds. Results: bench/results/per_o
     .venv/bin/python bench/per_op.py [threads] [--variant PYTHONPATH=/tmp/base/build/python]
 
 `--variant VAR=VALUE` runs Terra a second time per round with that environment variable (another
-build through PYTHONPATH), in the same rounds.
+build through PYTHONPATH), in the same rounds. Before each round the host's core-to-core round trip
+is measured (build/bench/core_to_core, bench/core/core_to_core.cpp) and listed with the rounds: on
+the 2-core host of sessions 31-34 it moved between 64 and 470 ns within an hour, and per-op times
+with it.
 """
 import json
 import os
@@ -95,6 +98,19 @@ def child(mode, size, threads):
     print(json.dumps({k: statistics.median(r[k] for r in rows) for k in rows[0]}))
 
 
+def core_to_core_ns():
+    """The host's core-to-core round trip now (bench/core/core_to_core.cpp, built with the project),
+    or None where it was not built."""
+    probe = Path(__file__).resolve().parents[1] / "build" / "bench" / "core_to_core"
+    if not probe.exists():
+        return None
+    out = subprocess.run([str(probe)], capture_output=True, text=True).stdout.strip()
+    try:
+        return float(out)
+    except ValueError:
+        return None
+
+
 def main():
     import argparse
     import torch
@@ -106,7 +122,9 @@ def main():
     threads = args.threads
     modes = ("eager", "terra") + (("variant",) if args.variant else ())
     runs = {(m, s): [] for s in SIZES for m in modes}
+    probes = []  # the core-to-core round trip before each round
     for _ in range(ROUNDS):
+        probes.append(core_to_core_ns())
         for s in SIZES:
             for m in modes:
                 env = dict(os.environ)
@@ -121,7 +139,8 @@ def main():
     out = {"machine": platform.processor() or platform.machine(), "threads": threads, "variant": args.variant,
            "torch": torch.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M"), "ops_per_iteration": K, "rounds": ROUNDS,
-           "median": med, "runs": {f"{m}/{s}": v for (m, s), v in runs.items()}}
+           "median": med, "runs": {f"{m}/{s}": v for (m, s), v in runs.items()},
+           "core_to_core_ns": probes}
     results = Path(__file__).resolve().parent / "results"
     (results / "per_op.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# Per-op cost of co-execution (CPU), against eager in a fresh process", "",
@@ -145,6 +164,9 @@ def main():
         for m in modes[1:]:
             cells = ", ".join(f"{r['wall_us']:.2f} / {r['program_cpu_us']:.2f}" for r in runs[(m, s)])
             lines.append(f"- {m} {s}x{s}: {cells}")
+    if any(p is not None for p in probes):
+        lines.append("- core-to-core round trip before each round, ns (bench/core/core_to_core.cpp): " +
+                     ", ".join("n/a" if p is None else f"{p:.0f}" for p in probes))
     if args.variant:
         lines += ["", f"Variant: Terra with `{args.variant}`, in the same rounds (medians).", "",
                   "| tensor | variant program thread CPU µs/op | variant GraphRunner+workers CPU µs/op | "
