@@ -9,9 +9,9 @@ For a chain of K elementwise ops per iteration (`z = z + y`) on tensors of a giv
           workers that exited when the session ended): the process's CPU time less the program
           thread's.
 Rounds are interleaved (eager, terra, eager, terra, ...), each child reports the median of its
-repeats and the table gives the median over rounds. Results: bench/results/per_op.{json,md}.
+repeats and the table gives the median over rounds. Results: bench/results/per_op.{json,md} (`--name` for another name).
 
-    .venv/bin/python bench/per_op.py [threads] [--variant PYTHONPATH=/tmp/base/build/python]
+    .venv/bin/python bench/per_op.py [threads] [--variant PYTHONPATH=/tmp/base/build/python] [--name NAME]
 
 `--variant VAR=VALUE` runs Terra a second time per round with that environment variable (another
 build through PYTHONPATH), in the same rounds. Before each round the host's core-to-core round trip
@@ -116,6 +116,7 @@ def main():
     import torch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("threads", nargs="?", type=int, default=torch.get_num_threads())
+    ap.add_argument("--name", default="per_op", help="results file name under bench/results")
     ap.add_argument("--variant", help="VAR=VALUE: Terra again with this environment variable, in the "
                                       "same rounds (PYTHONPATH=<a build's python dir>: another build)")
     args = ap.parse_args()
@@ -142,7 +143,7 @@ def main():
            "median": med, "runs": {f"{m}/{s}": v for (m, s), v in runs.items()},
            "core_to_core_ns": probes}
     results = Path(__file__).resolve().parent / "results"
-    (results / "per_op.json").write_text(json.dumps(out, indent=2) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# Per-op cost of co-execution (CPU), against eager in a fresh process", "",
              f"torch {out['torch']}, {threads} intra-op threads, {K} chained `z = z + y` per iteration, "
              f"{ITERS} iterations; eager and Terra each in fresh processes, {ROUNDS} interleaved rounds, "
@@ -175,7 +176,7 @@ def main():
             e, v = med[f"eager/{s}"], med[f"variant/{s}"]
             lines.append(f"| {s}x{s} | {v['program_cpu_us']:.2f} | {v['others_cpu_us']:.2f} | "
                          f"{v['wall_us']:.2f} | {e['wall_us'] / v['wall_us']:.2f}x |")
-    (results / "per_op.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
