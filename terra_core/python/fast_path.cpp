@@ -15,6 +15,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/utils/python_numbers.h>
 
@@ -216,18 +217,14 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
     // tuples, tensors, bools, NumPy integers, an index out of range, whose error PyTorch words
     // itself, a 0-dim tensor) goes to the original.
     if (nargs != 1 || !PyLong_CheckExact(args[0])) return false;
+    const std::optional<at::Scalar> index = python_number(args[0]);  // none beyond 64 bits
     const at::Tensor& self_tensor = stack->back().toTensor();
-    int overflow = 0;
-    const long long i = PyLong_AsLongLongAndOverflow(args[0], &overflow);
-    if (overflow != 0 || (i == -1 && PyErr_Occurred())) {
-      PyErr_Clear();
-      return false;
-    }
-    if (self_tensor.dim() == 0) return false;
-    const int64_t size = self_tensor.sym_size(0).guard_int(__FILE__, __LINE__);
+    if (!index || self_tensor.dim() == 0) return false;
+    const int64_t i = index->toLong();
+    const int64_t size = self_tensor.size(0);
     if (i < -size || i >= size) return false;
     stack->emplace_back(static_cast<int64_t>(0));
-    stack->emplace_back(static_cast<int64_t>(i));
+    stack->emplace_back(i);
   } else {
     const auto tensors = static_cast<Py_ssize_t>(tensors_of(e.form)) - (method ? 1 : 0);
     const Py_ssize_t positional = tensors + (e.form == Form::BinaryWeight ? 1 : 0);
@@ -271,25 +268,14 @@ PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, P
   return PyObject_Vectorcall(e.original, all, static_cast<size_t>(nargs + 1), kwnames);
 }
 
-// An op's one result as PyTorch's binding returns it: a tensor, or a Scalar as a Python number.
-PyObject* to_python(const c10::IValue& v) {
-  if (v.isTensor()) return THPVariable_Wrap(v.toTensor());
-  if (v.isDouble()) return PyFloat_FromDouble(v.toDouble());
-  if (v.isInt()) return PyLong_FromLongLong(v.toInt());
-  if (v.isBool()) return PyBool_FromLong(v.toBool());
-  if (v.isComplexDouble()) {
-    const c10::complex<double> c = v.toComplexDouble();
-    return PyComplex_FromDoubles(c.real(), c.imag());
-  }
-  PyErr_Format(PyExc_RuntimeError, "Terra fast path: an op returned %s", v.tagKind().c_str());
-  return nullptr;
-}
-
-// The op through the engine, its result converted; errors raised as PyTorch's binding raises them.
+// The op through the engine, its result as PyTorch's binding returns it (a tensor, or item's
+// Scalar as a Python number: torch::jit::toPyObject); errors raised as the binding raises them.
 PyObject* run(const Entry& e, torch::jit::Stack* stack) {
   HANDLE_TH_ERRORS
   PythonRunner::instance().on_fast(*e.handle, stack);
-  return to_python(stack->at(0));
+  const c10::IValue& result = stack->at(0);
+  if (result.isTensor()) return THPVariable_Wrap(result.toTensor());
+  return torch::jit::toPyObject(result).release().ptr();
   END_HANDLE_TH_ERRORS
 }
 

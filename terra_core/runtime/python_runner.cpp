@@ -724,7 +724,7 @@ uint32_t PythonRunner::predicted_node(const c10::OperatorHandle& op, const torch
   const uint32_t next = graph_->nodes[cur_].next;
   if (next == kNoNode) return kNoNode;
   const Node& n = graph_->nodes[next];
-  if (n.innermost == 0 || n.tmpl.kind != OpKind::Aten || !n.tmpl.op || !(*n.tmpl.op == op)) return kNoNode;
+  if (n.innermost == 0 || !n.tmpl.op || !(*n.tmpl.op == op)) return kNoNode;  // pseudo-ops have no op
   if (PythonStack::innermost(root_) != n.innermost || !n.tmpl.matches(stack, nullptr)) return kNoNode;
   return next;
 }
@@ -744,22 +744,18 @@ void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
 
 void PythonRunner::run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast) {
   auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
+  auto coexecuted = [&] { ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched); };  // cur_: the op's node
   if (mode_ == Mode::CoExec) {
-    if (const uint32_t node = predicted_node(op, *stack); node != kNoNode) {
-      if (coexec_op(OpKind::Aten, &op, nullptr, 0, stack, exec, node)) {
-        uncounted_.push_back(node);
-        ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched);
-        return;
-      }
-      if (mode_ != Mode::CoExec) {  // it left co-execution: traced from here, keyed in full
-        trace_op(OpKind::Aten, &op, nullptr, lookup_key(OpKind::Aten, &op), stack, exec);
-        return;
-      }
+    const uint32_t predicted = predicted_node(op, *stack);
+    if (predicted != kNoNode && coexec_op(OpKind::Aten, &op, nullptr, 0, stack, exec, predicted)) {
+      uncounted_.push_back(predicted);
+      coexecuted();
+      return;
     }
   }
   uint64_t lookup = lookup_key(OpKind::Aten, &op);
   if (mode_ == Mode::CoExec && coexec_op(OpKind::Aten, &op, nullptr, lookup, stack, exec)) {
-    ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched);  // cur_: the op's node
+    coexecuted();
     return;
   }
   trace_op(OpKind::Aten, &op, nullptr, lookup, stack, exec);
@@ -902,6 +898,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
   bool settled = false;  // a .grad read answered with the real gradient (choose_grad_read)
   std::string why;
   if (node == kNoNode && kind != OpKind::GradRead) node = matching_successor(lookup, *stack);
+  const bool successor = node != kNoNode;  // an edge from the current node: has_edge holds
   auto it = graph_->index.end();
   if (node == kNoNode) it = graph_->index.find(lookup);
   if (it != graph_->index.end()) {
@@ -952,7 +949,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
       return false;
     }
   }
-  if (!graph_->has_edge(cur_, node)) {
+  if (!successor && !graph_->has_edge(cur_, node)) {
     // Known op, new order: a path the graph has not covered (the .grad bookkeeping and
     // placeholders' metadata are only trusted along recorded paths).
     diverge("a branch the trace has not taken", op_name(op, name));

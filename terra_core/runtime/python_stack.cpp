@@ -181,9 +181,8 @@ int offset_of(const _PyInterpreterFrame* f) {
 }
 
 // A frame alone, as PythonStack::innermost keys it: its code's content and its instruction.
-uint64_t frame_key(_PyInterpreterFrame* f) {
-  const CodeInfo& info = code_info(f->f_code);
-  return terra::hash_combine(info.hash, instruction_of(info, offset_of(f)));
+uint64_t frame_key(const CodeInfo& info, uint32_t instruction) {
+  return terra::hash_combine(info.hash, instruction);
 }
 
 }  // namespace
@@ -196,7 +195,7 @@ uint64_t PythonStack::hash(const Root& root, uint64_t* innermost) {
     if (f->f_code == root.stop_code) break;
     const CodeInfo& info = code_info(f->f_code);
     const uint32_t instruction = instruction_of(info, offset_of(f));
-    if (innermost && *innermost == 0) *innermost = terra::hash_combine(info.hash, instruction);
+    if (innermost && *innermost == 0) *innermost = frame_key(info, instruction);
     h = terra::hash_combine(terra::hash_combine(h, info.hash), instruction);
     if (f == root.frame) break;
   }
@@ -207,7 +206,8 @@ uint64_t PythonStack::innermost(const Root& root) {
   for (_PyInterpreterFrame* f = top_frame(); f; f = f->previous) {
     if (skip(f)) continue;
     if (f->f_code == root.stop_code) return 0;
-    return frame_key(f);
+    const CodeInfo& info = code_info(f->f_code);
+    return frame_key(info, instruction_of(info, offset_of(f)));
   }
   return 0;
 }
