@@ -272,10 +272,13 @@ PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, P
 // Scalar as a Python number: torch::jit::toPyObject); errors raised as the binding raises them.
 PyObject* run(const Entry& e, torch::jit::Stack* stack) {
   HANDLE_TH_ERRORS
-  PythonRunner::instance().on_fast(*e.handle, stack);
-  const c10::IValue& result = stack->at(0);
-  if (result.isTensor()) return THPVariable_Wrap(result.toTensor());
-  return torch::jit::toPyObject(result).release().ptr();
+  PythonRunner& runner = PythonRunner::instance();
+  runner.on_fast(*e.handle, stack);
+  c10::IValue& result = stack->at(0);
+  if (!result.isTensor()) return torch::jit::toPyObject(result).release().ptr();
+  PyObject* wrapped = THPVariable_Wrap(result.toTensor());
+  runner.keep_returned(std::move(result).toTensor());  // not dropped now: keep_returned says why
+  return wrapped;
   END_HANDLE_TH_ERRORS
 }
 

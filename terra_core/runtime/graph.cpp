@@ -69,15 +69,15 @@ uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
   return id;
 }
 
-void Graph::add_edge(uint32_t from, uint32_t to) {
-  if (from == kNoNode) return;
-  for (auto& [node, count] : nodes[from].succ) {
+bool Graph::add_edge(Node& from, uint32_t to) {
+  for (auto& [node, count] : from.succ) {
     if (node == to) {
       ++count;
-      return;
+      return false;
     }
   }
-  nodes[from].succ.emplace_back(to, 1);
+  from.succ.emplace_back(to, 1);
+  return true;
 }
 
 bool Graph::has_edge(uint32_t from, uint32_t to) const {

@@ -123,7 +123,8 @@ struct Graph {
   std::string path_error;  // set if a path could not be merged (export then lacks blocks)
 
   uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
-  void add_edge(uint32_t from, uint32_t to);
+  // Counts the edge from `from` to node `to`; true if it is new.
+  static bool add_edge(Node& from, uint32_t to);
   bool has_edge(uint32_t from, uint32_t to) const;
   // An iteration ended having followed `path`; keeps it as the last path (swapping it out).
   void record_path(std::vector<uint32_t>& path);

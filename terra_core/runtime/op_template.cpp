@@ -274,8 +274,13 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
       a.kind = Kind::Constant;
       a.constant = v;
     }
-    for (const TensorMeta& m : a.metas)
+    for (size_t j = 0; j < a.metas.size(); ++j) {
+      const TensorMeta& m = a.metas[j];
       if (!t.accelerator && !m.device.is_cpu() && !m.device.is_meta()) t.accelerator = m.device;
+      const bool tensor = a.kind == Kind::Tensor || a.present[j];
+      t.host_scalar_args = t.host_scalar_args || (tensor && m.sizes.empty() && m.device.is_cpu() &&
+                                                  !m.requires_grad && !a.wrapped[j]);
+    }
     t.args.push_back(std::move(a));
   }
   if (schema) {

@@ -91,6 +91,10 @@ struct OpTemplate {
   // attention's `dropout_p=0.0`), so a later draw in the program thread need not wait for it.
   bool draws(const std::vector<c10::IValue>& args) const;
   bool scalar_outputs = false;      // every output is a 0-d tensor (host scalar candidate)
+  // Some tensor argument is 0-d, on the CPU and outside autograd, not a wrapped Python number:
+  // the call may read a host scalar (PythonRunner::issue scans the arguments for them only then,
+  // or when the op writes an argument; a matching call's tensors have these metadata).
+  bool host_scalar_args = false;
   // Bytes of the values its placeholders keep alive until its item is dropped (an in-place
   // result is its argument, which keeps nothing new alive; a view counts what it covers, a lower
   // bound of the storage it keeps): GraphRunner::reclaim batches items by it.

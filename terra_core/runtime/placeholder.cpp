@@ -92,11 +92,6 @@ TensorMeta TensorMeta::of(const at::Tensor& t) {
   return m;
 }
 
-bool TensorMeta::matches(const at::Tensor& t) const {
-  return t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
-         same_ints(t.sizes(), sizes) && same_ints(t.strides(), strides);
-}
-
 std::string TensorMeta::str() const {
   std::ostringstream os;
   os << c10::toString(dtype) << c10::IntArrayRef(sizes);
@@ -145,7 +140,7 @@ void DeadValueWatch::watch(const torch::jit::Stack& args, uint64_t seq) {
   }
 }
 
-void DeadValueWatch::check(uint64_t lightened) {
+void DeadValueWatch::check(uint64_t lightened, bool gil) {
   size_t kept = 0;
   for (size_t i = 0; i < n_; ++i) {
     Entry e = entries_[i];
@@ -157,7 +152,7 @@ void DeadValueWatch::check(uint64_t lightened) {
       // eagerly was freed, and reading it would find its value released. Only with the GIL (the C
       // fast path); on the dispatcher route, which runs without it, it stays listed.
       PyObject* obj = e.p->pyobj_slot()->load_pyobj();
-      if (obj && PyGILState_Check()) PyObject_GC_UnTrack(obj);
+      if (obj && gil) PyObject_GC_UnTrack(obj);
       continue;
     }
     if (++e.checks < kChecks) entries_[kept++] = e;
@@ -268,7 +263,7 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, const st
   if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_Track(obj);
   // The program may have changed its shape in place (`t.t_()`); inference mode decides the keys
   // and the version counter of a new placeholder. Otherwise `p` dies here.
-  if (p->sizes() != c10::IntArrayRef(meta.sizes) || p->strides() != c10::IntArrayRef(meta.strides) ||
+  if (!same_ints(p->sizes(), meta.sizes) || !same_ints(p->strides(), meta.strides) ||
       p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
       p->is_inference() != c10::InferenceMode::is_enabled() || (p->autograd_meta() != nullptr) != meta.requires_grad)
     return {};

@@ -140,7 +140,11 @@ struct TensorMeta {
 
   static TensorMeta of(const at::Tensor& t);
   // Same sizes, strides, dtype, device and requires_grad (what decides the outputs' metadata).
-  bool matches(const at::Tensor& t) const;
+  // Inline: every co-executed op asks it of each tensor argument.
+  bool matches(const at::Tensor& t) const {
+    return t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
+           same_ints(t.sizes(), sizes) && same_ints(t.strides(), strides);
+  }
   std::string str() const;
 };
 
@@ -213,7 +217,7 @@ class DeadValueWatch {
   // Python thread, before the next issue: marks the slots of watched placeholders that only their
   // last reader still holds (Slot::release_after). `lightened`: the items up to it have been
   // dropped (GraphRunner::lightened), so their placeholders may be gone.
-  void check(uint64_t lightened);
+  void check(uint64_t lightened, bool gil);  // gil: this thread holds the GIL
 
  private:
   struct Entry {

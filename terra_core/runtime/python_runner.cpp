@@ -96,9 +96,9 @@ bool host_scalar(const at::Tensor& t) {
 // the tensor it just made, which Hugging Face models call in every forward (an empty key/value
 // cache per layer), and that fetch waited for everything issued (hf_llama: 2 waits of 1-4 ms
 // per step).
-bool program_only(const at::Tensor& x, const torch::jit::Stack& stack) {
+bool program_only(const at::Tensor& x, const torch::jit::Stack& stack, bool returned) {
   if (!x.defined() || as_placeholder(x)) return false;
-  size_t refs = 1;  // the caller's
+  size_t refs = 1 + returned;  // the caller's, and PythonRunner::keep_returned's
   for (const c10::IValue& v : stack)
     refs += v.isTensor() && v.toTensor().unsafeGetTensorImpl() == x.unsafeGetTensorImpl();
   return x.use_count() == refs && (!x.has_storage() || x.storage().use_count() == 1);
@@ -358,6 +358,7 @@ bool PythonRunner::absorbs(uint64_t loop) {
 }
 
 void PythonRunner::end_iteration() {
+  returned_.reset();  // kept for the iteration's next op only
   auto& root = graph_->roots[boundary_];
   const int64_t end = now_ns();
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) {
@@ -743,6 +744,12 @@ void PythonRunner::on_aten(const c10::OperatorHandle& op, c10::DispatchKeySet,
 }
 
 void PythonRunner::run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast) {
+  struct FastScope {  // an op run inside this one (a fetch's) restores the outer op's answer
+    bool& flag;
+    bool outer;
+    ~FastScope() { flag = outer; }
+  } scope{fast_, fast_};
+  fast_ = fast;
   auto exec = [&op](torch::jit::Stack* s) { call_below(op, s); };
   auto coexecuted = [&] { ++(fast ? graph_->ops_fast : graph_->nodes[cur_].dispatched); };  // cur_: the op's node
   if (mode_ == Mode::CoExec) {
@@ -881,12 +888,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
     }
   }
   if (kind != OpKind::Aten) note_grads(node, args_copy, *stack, /*traced=*/true);
-  size_t before = graph_->nodes[cur_].succ.size();
-  graph_->add_edge(cur_, node);
-  added_ = added_ || graph_->nodes[cur_].succ.size() != before;
-  take_edge(node);
-  path_.push_back(node);
-  ++graph_->nodes[node].count;
+  if (take_edge(node)) added_ = true;
 }
 
 bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
@@ -956,10 +958,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
     return false;
   }
   const OpTemplate& t = graph_->nodes[node].tmpl;
-  graph_->add_edge(cur_, node);
   take_edge(node);
-  path_.push_back(node);
-  ++graph_->nodes[node].count;
   ++graph_->ops_coexecuted;
   if (fetched) {
     ++graph_->fetches;
@@ -1037,20 +1036,29 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
   return kNoNode;
 }
 
-void PythonRunner::take_edge(uint32_t node) {
-  if (cur_ != kNoNode) graph_->nodes[cur_].next = node;
+bool PythonRunner::take_edge(uint32_t node) {
+  bool added = false;
+  if (cur_ != kNoNode) {
+    Node& from = graph_->nodes[cur_];
+    added = Graph::add_edge(from, node);
+    from.next = node;
+  }
   cur_ = node;
+  path_.push_back(node);
+  Node& to = graph_->nodes[node];
+  ++to.count;
   // The next op is validated against this node's last successor: its lines are cold by then on a
   // model whose step walks megabytes of activations (the template checks were 5-7% of hf_bert's
   // program thread, most of it waiting for memory). Fetched now, they arrive while Python runs
   // up to the next op.
-  const uint32_t next = graph_->nodes[node].next;
-  if (next == kNoNode) return;
+  const uint32_t next = to.next;
+  if (next == kNoNode) return added;
   const Node& n = graph_->nodes[next];
   for (const void* line : {static_cast<const void*>(&n.lookup), static_cast<const void*>(&n.tmpl),
                            static_cast<const void*>(&n.tmpl.global), static_cast<const void*>(&n.tmpl.args),
                            static_cast<const void*>(&n.tmpl.outs)})
     fetch(line);
+  return added;
 }
 
 const OpTemplate* PythonRunner::predicted_template() const {
@@ -1203,7 +1211,9 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   const bool wait_done = prepare_arguments(t, stack);
   if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();
-  dead_.check(r.lightened());  // what the program dropped since the last issue
+  // The fast path holds the GIL; the dispatcher route is asked (it usually runs without).
+  const bool gil = fast_ || PyGILState_Check();
+  dead_.check(r.lightened(), gil);  // what the program dropped since the last issue
   WorkItem* item;
   if (r.has_room()) {
     item = &r.next_item();
@@ -1236,7 +1246,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     last_external_write_ = seq;
     last_write_backward_ = t.kind == OpKind::Backward ? node_id : kNoNode;
   }
-  if (t.op) {
+  if (t.op && (t.mutates_input || t.host_scalar_args)) {
     const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
     for (size_t i = 0; i < stack->size(); ++i) {
       const c10::IValue& v = (*stack)[i];
@@ -1276,7 +1286,6 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   // Dropped placeholders are reused with the GIL only (the C fast path): the pool works with
   // Python objects, and a node issued through the dispatcher route (the GIL released) would fill
   // it with what it never takes.
-  const bool gil = PyGILState_Check();
   const bool reuse = gil && t.reuses_out;
   size_t k = 0;
   auto make_out = [&]() -> at::Tensor {
@@ -1567,7 +1576,7 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
   bool writes_shared = false;
   for (size_t i = 0; i < stack->size(); ++i) {
     const c10::IValue& v = (*stack)[i];
-    if (v.isTensor() && program_only(v.toTensor(), *stack)) continue;
+    if (v.isTensor() && program_only(v.toTensor(), *stack, is_returned(v.toTensor()))) continue;
     need = std::max(need, needed_seq(v));
     const auto* info = alias_info(t, i);
     writes_shared = writes_shared || !t.op || (info && info->isWrite());

@@ -125,6 +125,17 @@ class PythonRunner {
   void on_fast(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_aten(op, stack, /*fast=*/true);  // co-executing (fast_ready); no entry is a passthrough op
   }
+  // The fast path's last result, wrapped for Python, kept until the next one or the iteration's
+  // end. Torch's PyObject preservation makes a TensorImpl with a Python object take a reference
+  // to it through the interpreter (acquiring the GIL through pybind11) when a second C++
+  // reference appears, and drop it when the last but one goes: dropping the result after
+  // wrapping it, then capturing it as the next op's argument, crossed that line twice per op
+  // (about 290 instructions, 6% of the program thread on a 1x1 chain). Kept, the next op's item
+  // takes its reference without a crossing, and this one goes when nothing hinges on it.
+  void keep_returned(at::Tensor&& result) { returned_ = std::move(result); }
+  bool is_returned(const at::Tensor& t) const {
+    return returned_.defined() && t.unsafeGetTensorImpl() == returned_.unsafeGetTensorImpl();
+  }
   // backward / .grad / .grad = : `exec` runs the real thing on the given stack.
   void on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
                  const std::function<void(torch::jit::Stack*)>& exec);
@@ -267,9 +278,10 @@ class PythonRunner {
   // nearly always): found without the location index, a hash table too large to stay in cache
   // (about 5% of the program thread's time on hf_bert, a miss or two per op). kNoNode otherwise.
   uint32_t matching_successor(uint64_t lookup, const torch::jit::Stack& stack) const;
-  // The program goes from the current node to `node` (which becomes current); remembered as the
-  // current node's last successor.
-  void take_edge(uint32_t node);
+  // The program goes from the current node to `node`, which becomes current: the edge counted
+  // (true: it is new), `node` remembered as the current node's last successor, counted, and
+  // appended to the path.
+  bool take_edge(uint32_t node);
   // The template of the current node's last successor (the op most likely next), or nullptr.
   const OpTemplate* predicted_template() const;
   // Which candidate a `.grad` read is: whether the gradient is defined at this point is known on
@@ -320,6 +332,8 @@ class PythonRunner {
   std::unordered_map<uint64_t, Occurrence> occurrences_;
   std::vector<uint32_t> path_;  // nodes this iteration followed, from its marker
   torch::jit::Stack scratch_;   // issue(): the returns' buffer, reused
+  at::Tensor returned_;         // keep_returned
+  bool fast_ = false;           // the op being run came through the fast path (the GIL is held)
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> live_;  // placeholders handed out
   // Dropped output placeholders to hand out again (placeholder.h); emptied before every live
   // placeholder is made real, and when the session ends.

@@ -777,6 +777,26 @@ def test_reading_a_host_scalar_waits_for_a_list_op_that_writes_it():
     assert terra.stats("host_scalar_counters")["iterations_coexecuted"] >= 10
 
 
+def host_scalar_read_then_bumped(steps):
+    torch.manual_seed(0)
+    a = torch.randn(384, 384) / 20
+    w = torch.randn(384, 384)
+    scale = torch.tensor(1.0)  # a 0-d CPU tensor the program changes in place
+    for _ in range(steps):
+        w = torch.tanh(w @ a) * scale  # the GraphRunner reads `scale`, behind the program
+        scale += 0.5  # must wait for that read: it runs in order, on the GraphRunner
+    return w, scale
+
+
+def test_a_host_scalar_an_op_only_reads_is_not_changed_before_that_op_runs():
+    # The read is recorded only for ops whose template has such an argument (OpTemplate::
+    # host_scalar_args): unrecorded, `scale += 0.5` ran on the host at once (tried).
+    eager = host_scalar_read_then_bumped(20)
+    coexec = terra.run(host_scalar_read_then_bumped, 20)
+    assert all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    assert terra.stats("host_scalar_read_then_bumped")["iterations_coexecuted"] >= 10
+
+
 def gradient_reads(steps, set_to_none, replace_every=None):
     """Reads `.grad` the ways training loops do: zero_grad's and the optimizer's own reads, a
     gradient read twice and scaled in place through one of the reads, and (`replace_every`) a

@@ -333,3 +333,24 @@ def test_zero_grad_in_place_does_not_wait_for_the_graph_runner():
     waits = [e for e in terra.timeline()["events"] if e["kind"] == "fetch_wait"]
     assert s["iterations_coexecuted"] >= 20, s
     assert len(waits) < s["iterations_coexecuted"], len(waits)  # was 4 per iteration (4 params)
+
+
+def test_the_last_result_the_fast_path_returned_dies_with_its_iteration():
+    # The engine keeps the fast path's last result until the next one (PythonRunner::
+    # keep_returned): never past the iteration's end, so nothing outlives the session.
+    import weakref
+
+    def results(steps=12):
+        x, y = torch.randn(3), torch.randn(3)
+        z, refs, doubled = x, [], []
+        for _ in range(steps):
+            doubled.append(z * 2)
+            z = x + y  # the iteration's last op
+            refs.append(weakref.ref(z))
+        del z
+        return refs, doubled
+
+    refs, doubled = terra.run(results)
+    s = terra.stats("test_the_last_result_the_fast_path_returned_dies_with_its_iteration.<locals>.results")
+    assert s["iterations_coexecuted"] >= 5 and s["ops_fast"] > 0, s
+    assert [r() for r in refs] == [None] * len(refs)

@@ -55,7 +55,7 @@ class Issuer {
   // An ATen op; returns placeholders for its `outputs` tensor outputs (metadata from `like`).
   std::vector<at::Tensor> aten(const c10::OperatorHandle& o, torch::jit::Stack args, bool grad_mode,
                                const std::vector<at::Tensor>& like) {
-    if (watch_) watch_->check(r_.lightened());
+    if (watch_) watch_->check(r_.lightened(), /*gil=*/false);
     WorkItem& item = fill(OpKind::Aten, std::move(args), grad_mode);
     item.op = &o;
     if (watch_) watch_->watch(item.args, r_.issued() + 1);
