@@ -235,7 +235,7 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
     if (e.form == Form::UnaryNone) stack->emplace_back();
     if (keyword) {
       if (!keyword_value) {
-        stack->emplace_back(c10::Scalar(1));
+        stack->emplace_back(int64_t{1});  // the IValue a Scalar 1 makes, without the Scalar
       } else if (!scalar_arg(keyword_value, stack)) {
         return false;
       }

@@ -1202,6 +1202,27 @@ c10::IValue item_arg(const WorkItem& item, uint32_t arg, int32_t elem) {
   return elem < 0 ? resolved(v) : resolved(v.toList().get(static_cast<size_t>(elem)));
 }
 
+// The tensor an argument reads, by identity, without copying it (a copy of the program's
+// placeholder writes its reference count twice): a placeholder's value, nullptr for anything
+// but a tensor, kDetachedRead for a detached placeholder's read (a new tensor every time).
+const c10::TensorImpl* const kDetachedRead = reinterpret_cast<const c10::TensorImpl*>(&kDetachedRead);
+
+const c10::TensorImpl* read_impl(const c10::IValue& v) {
+  if (!v.isTensor()) return nullptr;
+  const at::Tensor& t = v.toTensor();
+  const PlaceholderImpl* p = t.defined() ? as_placeholder(t) : nullptr;
+  if (!p) return t.unsafeGetTensorImpl();
+  return p->detached() ? kDetachedRead : p->slot()->value.unsafeGetTensorImpl();
+}
+
+// read_impl of argument `arg` of `item` (element `elem` of a list argument, copied into `hold`).
+const c10::TensorImpl* arg_impl(const WorkItem& item, uint32_t arg, int32_t elem, c10::IValue& hold) {
+  const c10::IValue& v = item.args.at(arg);
+  if (elem < 0) return read_impl(v);
+  hold = v.toList().get(static_cast<size_t>(elem));
+  return read_impl(hold);
+}
+
 }  // namespace
 
 void BlockReplayer::start(const Block& block) {
@@ -1295,16 +1316,17 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
     if (l.same_item < 0) continue;
     const auto j = static_cast<uint32_t>(l.same_item);
     const ItemPlan::Load& o = block.items[j].loads[l.same_load];
-    c10::IValue before;
+    c10::IValue hold_before, hold_now;  // list elements only
+    const c10::TensorImpl* before = nullptr;
     if (j < next_) {
-      before = table_[o.id];
+      before = read_impl(table_[o.id]);
     } else if (const WorkItem* w = earlier(j)) {
       if (unfilled_arg(*w, o.arg, o.elem)) continue;
-      before = item_arg(*w, o.arg, o.elem);
+      before = arg_impl(*w, o.arg, o.elem, hold_before);
     }
     if (unfilled_arg(item, l.arg, l.elem)) continue;
-    const c10::IValue now = item_arg(item, l.arg, l.elem);
-    if (!before.isTensor() || !now.isTensor() || !before.toTensor().is_same(now.toTensor())) return false;
+    const c10::TensorImpl* now = arg_impl(item, l.arg, l.elem, hold_now);
+    if (!before || before == kDetachedRead || before != now) return false;
   }
   return true;
 }

@@ -127,18 +127,20 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
 
 bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
   if (!kept_.defined()) return false;
-  // Inference mode decides whether a new tensor counts versions at all.
-  const c10::TensorImpl* impl = kept_.unsafeGetTensorImpl();
-  const c10::VariableVersion& version = impl->version_counter();
-  if (version.enabled() == c10::InferenceMode::is_enabled()) return false;
   // Only this reference: nothing reads the value any more, and nothing will (a placeholder that
   // took its storage or a view would hold the storage; a Python object, a weak reference, autograd
   // metadata or a version other than a new tensor's would tell it from one).
-  return kept_.use_count() == 1 && kept_.weak_use_count() == 1 && kept_.storage().use_count() == 1 &&
-         !impl->pyobj_slot()->load_pyobj() && !impl->autograd_meta() &&
-         (!version.enabled() || (version.unique() && version.current_version() == 0)) &&
-         same_ints(kept_.sizes(), like.sizes()) && same_ints(kept_.strides(), like.strides()) &&
-         kept_.storage_offset() == 0;
+  const c10::TensorImpl* impl = kept_.unsafeGetTensorImpl();
+  const c10::VariableVersion& version = impl->version_counter();
+  if (kept_.use_count() != 1 || kept_.weak_use_count() != 1 || kept_.storage().use_count() != 1 ||
+      impl->pyobj_slot()->load_pyobj() || impl->autograd_meta() ||
+      (version.enabled() && (!version.unique() || version.current_version() != 0)) ||
+      !same_ints(kept_.sizes(), like.sizes()) || !same_ints(kept_.strides(), like.strides()) ||
+      kept_.storage_offset() != 0)
+    return false;
+  // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
+  // the thread's state).
+  return version.enabled() != c10::InferenceMode::is_enabled();
 }
 
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {

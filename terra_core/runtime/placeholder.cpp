@@ -254,8 +254,8 @@ void PlaceholderPool::offer(c10::IValue& v) {
   ++kept_;
 }
 
-at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, const std::shared_ptr<Slot>& slot,
-                                 std::shared_ptr<AliasGroup>&& group) {
+at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inference,
+                                 const std::shared_ptr<Slot>& slot, std::shared_ptr<AliasGroup>&& group) {
   if (node >= by_node_.size() || by_node_[node].empty()) return {};
   c10::intrusive_ptr<PlaceholderImpl> p = std::move(by_node_[node].back());
   by_node_[node].pop_back();
@@ -265,7 +265,7 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, const st
   // and the version counter of a new placeholder. Otherwise `p` dies here.
   if (!same_ints(p->sizes(), meta.sizes) || !same_ints(p->strides(), meta.strides) ||
       p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
-      p->is_inference() != c10::InferenceMode::is_enabled() || (p->autograd_meta() != nullptr) != meta.requires_grad)
+      p->is_inference() != inference || (p->autograd_meta() != nullptr) != meta.requires_grad)
     return {};
   p->slot_ = slot;
   p->group_ = std::move(group);

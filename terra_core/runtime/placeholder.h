@@ -252,8 +252,8 @@ class PlaceholderPool {
   // reused, and keeps it if nothing else reaches it any more.
   void offer(c10::IValue& v);
   // A kept placeholder of `node`, renewed as make_placeholder(meta, slot, group) would make one
-  // now; undefined if none.
-  at::Tensor take(uint32_t node, const TensorMeta& meta, const std::shared_ptr<Slot>& slot,
+  // now (`inference`: inference mode is on); undefined if none.
+  at::Tensor take(uint32_t node, const TensorMeta& meta, bool inference, const std::shared_ptr<Slot>& slot,
                   std::shared_ptr<AliasGroup>&& group);
   void clear();  // the kept placeholders die
 

@@ -1287,6 +1287,8 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   // Python objects, and a node issued through the dispatcher route (the GIL released) would fill
   // it with what it never takes.
   const bool reuse = gil && t.reuses_out;
+  // An ATen op's template matched the call, inference mode included: no thread-state lookup.
+  const bool inference = t.kind == OpKind::Aten ? t.inference_mode : c10::InferenceMode::is_enabled();
   size_t k = 0;
   auto make_out = [&]() -> at::Tensor {
     const OutSpec& o = t.outs[k];
@@ -1300,10 +1302,10 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
     // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
     // placeholder made there would be an inference tensor, without a version counter to share).
-    const bool normal_view = o.view && c10::InferenceMode::is_enabled() && !stack->empty() &&
+    const bool normal_view = o.view && inference && !stack->empty() &&
                              (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
     if (reuse) {
-      if (at::Tensor p = pool_.take(node_id, o.meta, slot, std::move(group)); p.defined()) {
+      if (at::Tensor p = pool_.take(node_id, o.meta, inference, slot, std::move(group)); p.defined()) {
         ++graph_->placeholders_reused;
         item->outs[index] = std::move(slot);
         return p;  // still in live_
@@ -1315,7 +1317,7 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     not_inference.reset();
     // A view of a placeholder shares its version counter, as eagerly (outside inference mode).
     // Not one of a real tensor: the GraphRunner's ops bump that counter themselves.
-    if (o.view && !c10::InferenceMode::is_enabled() && !stack->empty() && (*stack)[0].isTensor() &&
+    if (o.view && !inference && !stack->empty() && (*stack)[0].isTensor() &&
         (*stack)[0].toTensor().defined()) {
       const PlaceholderImpl* base = as_placeholder((*stack)[0].toTensor());
       if (base && base->version_counter().enabled())
