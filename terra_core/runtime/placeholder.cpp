@@ -20,6 +20,15 @@ Slot::~Slot() {
   if (runner_allocated && value_graveyard && value.defined()) value_graveyard->push_back(std::move(value));
 }
 
+void Slot::retire() {
+  if (runner_allocated && value_graveyard && value.defined()) value_graveyard->push_back(std::move(value));
+  value.reset();
+  seq = 0;
+  group = AliasGroup{};
+  runner_allocated = false;  // nothing to release (DeadValueWatch::only_reader_holds) until renewed
+  release_after.store(0, std::memory_order_relaxed);
+}
+
 PlaceholderImpl::PlaceholderImpl(std::shared_ptr<Slot> slot, std::shared_ptr<AliasGroup> group,
                                  c10::DispatchKeySet keys, caffe2::TypeMeta dtype,
                                  c10::Device device, bool detached)
@@ -246,16 +255,24 @@ void PlaceholderPool::offer(c10::IValue& v) {
   v = c10::IValue();
   if (!dead_but_for(t, *p)) return;
   if (p->reuse_node_ >= by_node_.size()) by_node_.resize(p->reuse_node_ + 1);
-  p->slot_.reset();  // its value goes now, as it would have with the placeholder
+  // Its value goes now, as it would have with the placeholder. The slot stays with it where
+  // nothing else holds it (its producing item was dropped; its group is the slot's own), for
+  // `take` to hand out again: an allocation and a free per op less.
+  const bool own = p->slot_ && p->group_.get() == &p->slot_->group && p->slot_.use_count() == 2;
   p->group_.reset();
+  if (own) {
+    p->slot_->retire();
+  } else {
+    p->slot_.reset();
+  }
   if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_UnTrack(obj);
   by_node_[p->reuse_node_].push_back(c10::intrusive_ptr<PlaceholderImpl>::reclaim(
       static_cast<PlaceholderImpl*>(t.unsafeReleaseTensorImpl())));
   ++kept_;
 }
 
-at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inference,
-                                 const std::shared_ptr<Slot>& slot, std::shared_ptr<AliasGroup>&& group) {
+at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inference, uint64_t seq,
+                                 std::shared_ptr<Slot>* slot) {
   if (node >= by_node_.size() || by_node_[node].empty()) return {};
   c10::intrusive_ptr<PlaceholderImpl> p = std::move(by_node_[node].back());
   by_node_[node].pop_back();
@@ -267,8 +284,11 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inf
       p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
       p->is_inference() != inference || (p->autograd_meta() != nullptr) != meta.requires_grad)
     return {};
-  p->slot_ = slot;
-  p->group_ = std::move(group);
+  if (!p->slot_) p->slot_ = std::allocate_shared<Slot>(PoolAllocator<Slot>());
+  p->slot_->seq = seq;
+  p->slot_->runner_allocated = true;
+  p->group_ = own_group(p->slot_);
+  *slot = p->slot_;
   p->born_requiring_grad_ = meta.requires_grad;  // as_made: its autograd metadata says so
   p->last_use_ = 0;
   auto& version = p->version_counter_;

@@ -44,6 +44,8 @@ struct Slot {
   // The item after which the GraphRunner drops `value`: the last item that reads it, once nothing
   // but that item can reach the value any more (DeadValueWatch). 0: not known.
   std::atomic<uint64_t> release_after{0};
+  // Made new again for a kept placeholder (PlaceholderPool): the value goes as ~Slot lets it go.
+  void retire();
   ~Slot();
 };
 
@@ -251,10 +253,11 @@ class PlaceholderPool {
   // Drops `v`, an executed item's argument, if it is a placeholder of a node whose outputs are
   // reused, and keeps it if nothing else reaches it any more.
   void offer(c10::IValue& v);
-  // A kept placeholder of `node`, renewed as make_placeholder(meta, slot, group) would make one
-  // now (`inference`: inference mode is on); undefined if none.
-  at::Tensor take(uint32_t node, const TensorMeta& meta, bool inference, const std::shared_ptr<Slot>& slot,
-                  std::shared_ptr<AliasGroup>&& group);
+  // A kept placeholder of `node`, renewed as make_placeholder(meta, slot, own_group(slot)) would
+  // make one now (`inference`: inference mode is on) with a slot for the output of item `seq`,
+  // runner-allocated, stored in `*slot` (the one it kept, or a new one); undefined if none.
+  at::Tensor take(uint32_t node, const TensorMeta& meta, bool inference, uint64_t seq,
+                  std::shared_ptr<Slot>* slot);
   void clear();  // the kept placeholders die
 
  private:

@@ -1295,6 +1295,14 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     size_t index = k++;
     if (o.alias_arg >= 0) return (*stack)[static_cast<size_t>(o.alias_arg)].toTensor();
     if (o.none) return at::Tensor();
+    if (reuse) {  // an ATen op's new output (OpTemplate::reuses_out), with a slot of its own
+      std::shared_ptr<Slot> slot;
+      if (at::Tensor p = pool_.take(node_id, o.meta, inference, seq, &slot); p.defined()) {
+        ++graph_->placeholders_reused;
+        item->outs[index] = std::move(slot);
+        return p;  // still in live_
+      }
+    }
     auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
     slot->seq = seq;
     slot->runner_allocated = t.kind == OpKind::Aten;
@@ -1304,13 +1312,6 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     // placeholder made there would be an inference tensor, without a version counter to share).
     const bool normal_view = o.view && inference && !stack->empty() &&
                              (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
-    if (reuse) {
-      if (at::Tensor p = pool_.take(node_id, o.meta, inference, slot, std::move(group)); p.defined()) {
-        ++graph_->placeholders_reused;
-        item->outs[index] = std::move(slot);
-        return p;  // still in live_
-      }
-    }
     std::optional<c10::InferenceMode> not_inference;
     if (normal_view) not_inference.emplace(false);
     at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
