@@ -1391,7 +1391,41 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
+bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone) {
+  if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || (alone && k.spread) || k.args.size() > 3)
+    return false;
+  const c10::IValue* args[3];
+  for (size_t i = 0; i < k.args.size(); ++i) {
+    const Ref& r = k.args[i];
+    if (r.kind == Ref::Kind::Const) {
+      args[i] = &r.constant;
+    } else if (r.kind == Ref::Kind::Value && r.elem < 0) {
+      args[i] = &table_[r.id];
+    } else {
+      return false;
+    }
+  }
+  const uint64_t reused = k.elementwise->reused();
+  at::Tensor result;
+  if (!k.elementwise->run(c10::ArrayRef<const c10::IValue*>(args, k.args.size()), &result)) return false;
+  if (alone && k.elementwise->reused() != reused) ++results_reused_;
+  for (uint32_t w : k.written)  // as ADInplaceOrView does (run_kernel)
+    if (args[w]->isTensor() && args[w]->toTensor().defined()) args[w]->toTensor().unsafeGetTensorImpl()->bump_version();
+  table_[k.first_out] = std::move(result);
+  for (uint32_t id : k.release) table_[id] = c10::IValue();
+  return true;
+}
+
 void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {
+  const bool spreads = alone && spread(k, num_threads);
+  if (spreads) ++spread_;
+  const int threads = k.one_thread && !spreads ? 1 : num_threads;
+  if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
+  if (threads > 1 && k.large) note_parallel_region();
+  // An elementwise kernel reads its arguments in place: copies of them would write the reference
+  // counts of tensors the program thread holds and counts too (a parameter, a batch, the `y` of a
+  // `z = z + y` chain), a cache line moving between the two cores at every op.
+  if (k.elementwise && threads == 1 && run_elementwise(k, alone)) return;
   stack.clear();
   stack.reserve(k.args.size());
   for (const Ref& a : k.args) stack.push_back(value(a));
@@ -1405,11 +1439,6 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
     }
   }
   at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-  const bool spreads = alone && spread(k, num_threads);
-  if (spreads) ++spread_;
-  const int threads = k.one_thread && !spreads ? 1 : num_threads;
-  if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
-  if (threads > 1 && k.large) note_parallel_region();
   // A kernel marked for spreading that runs on one thread is timed: one that ran in under
   // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
   // from the cache file skips the recording's own one-thread runs) and is spread no more.

@@ -325,6 +325,9 @@ class BlockReplayer {
   uint64_t helped_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
+  // Kernel `k` through its ElementwiseReplay with its arguments read in place, its result stored;
+  // false: not so covered (run_kernel's stack route then).
+  bool run_elementwise(const RecordedKernel& k, bool alone);
   bool spread(const RecordedKernel& k, int threads) const {
     return k.one_thread && threads > 1 && !openmp_spinning_limited() && program_waits_ && program_waits_() &&
            (k.spread || openmp_workers_spinning());

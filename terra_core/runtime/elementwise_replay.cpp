@@ -144,15 +144,26 @@ bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
 }
 
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
+  const c10::IValue* args[3];
+  if (stack.size() > 3) return false;
+  for (size_t i = 0; i < stack.size(); ++i) args[i] = &stack[i];
+  at::Tensor result;
+  if (!run(c10::ArrayRef<const c10::IValue*>(args, stack.size()), &result)) return false;
+  stack.clear();
+  stack.emplace_back(std::move(result));
+  return true;
+}
+
+bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* out) {
   const size_t nargs = (op_ == Op::Add || op_ == Op::Sub) ? 3 : 2;
-  if (given_up_ || stack.size() != nargs || !stack[0].isTensor() || !stack[1].isTensor()) return false;
-  const at::Tensor& a = stack[0].toTensor();
-  const at::Tensor& b = stack[1].toTensor();
+  if (given_up_ || args.size() != nargs || !args[0]->isTensor() || !args[1]->isTensor()) return false;
+  const at::Tensor& a = args[0]->toTensor();
+  const at::Tensor& b = args[1]->toTensor();
   if (!eligible(a, b)) return false;
   c10::Scalar alpha(1);
   if (nargs == 3) {  // what the meta function's alpha_check refuses, the dispatcher refuses
-    if (!stack[2].isScalar()) return false;
-    alpha = stack[2].toScalar();
+    if (!args[2]->isScalar()) return false;
+    alpha = args[2]->toScalar();
     if (alpha.isComplex() || alpha.isBoolean() ||
         (alpha.isFloatingPoint() && c10::isIntegralType(a.scalar_type(), /*includeBool=*/true)))
       return false;
@@ -203,8 +214,7 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
     iter_.reset();
     given_up_ = true;
   }
-  stack.clear();
-  stack.emplace_back(std::move(result));
+  *out = std::move(result);
   ++runs_;
   return true;
 }

@@ -42,6 +42,9 @@ class ElementwiseReplay {
   // Runs the kernel on `stack` (its arguments in, its result out, as a boxed call leaves it).
   // False, with `stack` untouched: these arguments are not covered (run the kernel as usual).
   bool run(torch::jit::Stack& stack);
+  // The same on arguments read where they are (`args`: the schema's, in order), the result into
+  // `*result`: no copy of an argument, whose reference count a copy would write.
+  bool run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* result);
   uint64_t runs() const { return runs_; }  // calls that ran through the kept iterator
 
  private:
