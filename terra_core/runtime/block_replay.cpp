@@ -341,7 +341,9 @@ struct BlockRecorder::Impl {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> kept_storage;
   std::vector<bool> is_load;  // by table index: re-read from an item (not made by a kernel)
   std::vector<std::pair<uint32_t, uint32_t>> load_at;  // by table index: (item, load) of a load
-  std::unordered_set<const c10::TensorImpl*> made;     // tensors a kernel or item made
+  // Tensors a kernel or item made, and the item that first made each (an in-place op's output
+  // is its input, made before).
+  std::unordered_map<const c10::TensorImpl*, uint32_t> made;
 
   // The last read of each table entry: by item `item`, in its kernel `kernel` (-1: after its
   // kernels, as an output or a gradient effect). Reads come in order, so the last one wins.
@@ -477,10 +479,12 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
     ItemPlan::Load l;
     l.arg = arg;
     l.elem = elem;
-    l.id = m.new_id(true);
+    if (auto made = m.made.find(t.unsafeGetTensorImpl()); made != m.made.end())
+      l.made_by = static_cast<int32_t>(made->second);
     auto known = m.by_impl.find(t.unsafeGetTensorImpl());
     // A tensor from outside the iteration that an earlier item also read (one made inside it is
-    // one value by construction).
+    // one value by construction): this load shares that load's table entry, which the replay
+    // writes again only where this item's tensor is another one (BlockReplayer::load).
     if (known != m.by_impl.end() && !m.made.count(t.unsafeGetTensorImpl()) &&
         known->second.kind == Ref::Kind::Value &&
         known->second.elem < 0 && m.is_load[known->second.id]) {
@@ -488,9 +492,11 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
       if (item_index != m.index) {
         l.same_item = static_cast<int32_t>(item_index);
         l.same_load = load_index;
+        l.id = known->second.id;
         m.read(known->second, -1);  // kept in the table until this item checks it
       }
     }
+    if (l.same_item < 0) l.id = m.new_id(true);
     m.load_at.resize(m.block.table_size);
     m.load_at[l.id] = {m.index, static_cast<uint32_t>(p.loads.size())};
     Ref r;
@@ -885,7 +891,7 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
     if (v.isTensor()) {
       if (v.toTensor().defined()) {
         m.remember(v.toTensor(), r);
-        m.made.insert(v.toTensor().unsafeGetTensorImpl());
+        m.made.emplace(v.toTensor().unsafeGetTensorImpl(), m.index);
       }
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
@@ -894,7 +900,7 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
         er.elem = static_cast<int32_t>(e);
         const at::Tensor t = list[e];
         m.remember(t, er);
-        m.made.insert(t.unsafeGetTensorImpl());
+        m.made.emplace(t.unsafeGetTensorImpl(), m.index);
       }
     } else if (!v.isNone()) {
       // A host value (a Scalar, a bool) inside a decomposition: what follows may depend on it.
@@ -999,15 +1005,22 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
       r.kind = Ref::Kind::Value;
       r.id = id;
       m.remember(returns[0], r);
-      m.made.insert(returns[0].unsafeGetTensorImpl());
+      m.made[returns[0].unsafeGetTensorImpl()] = m.index;  // the program's tensor is this item's
       p.outs.push_back(r);
       m.read(r, -1);
     }
   } else if (item.kind == OpKind::Aten) {
     bool history = false;
-    for (const at::Tensor& t : returns) {
+    for (size_t k = 0; k < returns.size(); ++k) {
+      const at::Tensor& t = returns[k];
       Ref r;
       if (!m.ref_of(t, &r)) return refuse("an output the block cannot name");
+      // Made by this item, as a later item's argument shows it: the program holds this item's
+      // placeholder for it, even where the kernel returned its input (`contiguous` of a
+      // contiguous tensor). Not an argument the op writes and returns (its placeholder is the
+      // argument's).
+      const bool returns_argument = item.expect && k < item.expect->size() && (*item.expect)[k].alias_arg >= 0;
+      if (t.defined() && !returns_argument) m.made[t.unsafeGetTensorImpl()] = m.index;
       if (t.defined() && m.item_autograd) {
         auto fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (fn) {
@@ -1303,7 +1316,7 @@ bool BlockReplayer::grads_as_recorded(uint32_t index,
   return true;
 }
 
-bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
+bool BlockReplayer::follows(uint32_t index, const WorkItem& item, uint64_t seq, const std::vector<uint64_t>& seqs,
                             const std::function<const WorkItem*(uint32_t)>& earlier) const {
   const Block& block = *block_;
   if (index >= block.items.size() || item.graph != block.graph) return false;
@@ -1312,6 +1325,7 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
   if (item.autocast.cpu || item.autocast.cuda || item.inference_mode || item.stream) return false;
   for (const auto& [arg, recorded] : p.guards)
     if (arg >= item.args.size() || !same_number(item.args[arg], recorded)) return false;
+  if ((p.autograd || p.kind == OpKind::Backward) && !made_as_recorded(p, item, seq, seqs)) return false;
   for (const ItemPlan::Load& l : p.loads) {
     if (l.same_item < 0) continue;
     const auto j = static_cast<uint32_t>(l.same_item);
@@ -1331,8 +1345,49 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item,
   return true;
 }
 
+bool BlockReplayer::made_as_recorded(const ItemPlan& p, const WorkItem& item, uint64_t seq,
+                                     const std::vector<uint64_t>& seqs) const {
+  // The recorded backward routes each gradient along the recorded history: a tensor read from
+  // outside the iteration then must be one now, and one an earlier item made must be that item's
+  // (`(h * s)` with `s = w` recorded and `s = h` now, or the backward of another loss of the same
+  // shape, replayed the recorded gradients). Told by the item that made a placeholder (its
+  // slot's sequence number): one from before this iteration's first item is from outside.
+  const uint64_t first = seqs.empty() ? seq : seqs[0];
+  for (const ItemPlan::Load& l : p.loads) {
+    c10::IValue hold;  // list elements only
+    const c10::IValue& v = item.args.at(l.arg);
+    if (l.elem >= 0) hold = v.toList().get(static_cast<size_t>(l.elem));
+    const c10::IValue& a = l.elem >= 0 ? hold : v;
+    uint64_t made = 0;  // the item that made it; 0: a real tensor (or not a tensor)
+    if (a.isTensor() && a.toTensor().defined()) {
+      const c10::TensorImpl* impl = a.toTensor().unsafeGetTensorImpl();
+      if (typeid(*impl) == typeid(PlaceholderImpl)) {  // filled or not: its slot tells
+        const auto& slot = static_cast<const PlaceholderImpl*>(impl)->slot();
+        made = slot ? slot->seq : 0;
+      }
+    }
+    const bool inside = made >= first;
+    if (l.made_by < 0 ? inside
+                      : !inside || static_cast<size_t>(l.made_by) >= seqs.size() || made != seqs[static_cast<size_t>(l.made_by)])
+      return false;
+  }
+  return true;
+}
+
 void BlockReplayer::load(const ItemPlan& p, WorkItem& item) {
-  for (const ItemPlan::Load& l : p.loads) table_[l.id] = item_arg(item, l.arg, l.elem);
+  for (const ItemPlan::Load& l : p.loads) {
+    // A load sharing an earlier item's entry (BlockRecorder) is not copied again where this
+    // item's tensor is the one already there: the copy would write the reference count of a
+    // tensor the program thread counts too (a parameter, the `y` of a `z = z + y` chain), a cache
+    // line moving between the two cores at every op. Another tensor takes the entry (the
+    // kernels after this item read this item's tensor there, as recorded).
+    if (l.same_item >= 0) {
+      c10::IValue hold;  // list elements only
+      const c10::TensorImpl* now = arg_impl(item, l.arg, l.elem, hold);
+      if (now && now != kDetachedRead && now == read_impl(table_[l.id])) continue;
+    }
+    table_[l.id] = item_arg(item, l.arg, l.elem);
+  }
 }
 
 void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,

@@ -128,9 +128,13 @@ struct ItemPlan {
     int32_t elem = -1;  // element of a tensor list
     uint32_t id = 0;    // table index
     // The same tensor as an earlier item's load when recorded (item index, its load), which it
-    // must still be: the kernels after this item read this load where the recording had one.
+    // must still be (BlockReplayer::follows). It shares that load's table index: the kernels
+    // after this item read it there, and it is written again only with another tensor.
     int32_t same_item = -1;
     uint32_t same_load = 0;
+    // The item of the iteration that made the tensor when recorded (-1: from outside it),
+    // checked for the items whose autograd history the block's backward consumes, and for it.
+    int32_t made_by = -1;
   };
   std::vector<Load> loads;
   uint32_t kernels_begin = 0, kernels_end = 0;
@@ -245,10 +249,12 @@ class BlockReplayer {
  public:
   void start(const Block& block);
   void finish();  // drops what the table still holds
-  // Whether `item` can be item `index` of the block: same graph, node and kind, its Python numbers
-  // as guarded, its tensors aliasing as recorded. `earlier(j)` gives item j of this iteration
-  // where it has not been replayed yet.
-  bool follows(uint32_t index, const WorkItem& item,
+  // Whether `item` (issued as `seq`) can be item `index` of the block: same graph, node and kind,
+  // its Python numbers as guarded, its tensors aliasing as recorded and, where the block's
+  // backward consumes its history (and for that backward), made where the recorded ones were.
+  // `seqs[j]`: item j of this iteration's sequence number (up to `index`); `earlier(j)` gives
+  // item j where it has not been replayed yet.
+  bool follows(uint32_t index, const WorkItem& item, uint64_t seq, const std::vector<uint64_t>& seqs,
                const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Whether, when the Backward item `index` runs, each leaf it reaches will have a gradient
   // exactly where the recorded one had: from the leaves' gradients now, through the GradWrite
@@ -325,6 +331,10 @@ class BlockReplayer {
   uint64_t helped_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
+  // follows' check that the tensors of `item` (issued as `seq`) were made where the recorded ones
+  // were: outside the iteration, or by the same earlier item.
+  bool made_as_recorded(const ItemPlan& p, const WorkItem& item, uint64_t seq,
+                        const std::vector<uint64_t>& seqs) const;
   // Kernel `k` through its ElementwiseReplay with its arguments read in place, its result stored;
   // false: not so covered (run_kernel's stack route then).
   bool run_elementwise(const RecordedKernel& k, bool alone);

@@ -537,7 +537,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   };
   const uint32_t index = b.replayer.next();
   const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
-  if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, earlier)) {
+  if (looked_ahead ? b.seqs[index] != seq : !b.replayer.follows(index, item, seq, b.seqs, earlier)) {
     if (extra_grad_read(item)) return true;
     if (index == 1) b.note_fork();
     return leave("item");
@@ -564,7 +564,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
-          !b.replayer.follows(j, w, earlier)) {
+          !b.replayer.follows(j, w, s, b.seqs, earlier)) {
         if (w.kind == OpKind::GradRead && w.iteration == item.iteration) continue;  // extra_grad_read
         if (j == 1) b.note_fork();
         return leave("ahead");
