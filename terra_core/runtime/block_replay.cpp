@@ -341,9 +341,18 @@ struct BlockRecorder::Impl {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> kept_storage;
   std::vector<bool> is_load;  // by table index: re-read from an item (not made by a kernel)
   std::vector<std::pair<uint32_t, uint32_t>> load_at;  // by table index: (item, load) of a load
-  // Tensors a kernel or item made, and the item that first made each (an in-place op's output
-  // is its input, made before).
-  std::unordered_map<const c10::TensorImpl*, uint32_t> made;
+  // Tensors a kernel made or an item returned, and the items whose placeholders the program may
+  // hold for each: the item whose kernel made it, and every item that returned it as a new
+  // output (`contiguous` of a contiguous tensor returns its input); kOutside where it existed
+  // before the iteration (an item returned a tensor from outside). A kernel's in-place output is
+  // its argument, made before: not listed.
+  std::unordered_map<const c10::TensorImpl*, std::vector<int32_t>> made;
+  void returned_by_item(const at::Tensor& t) {
+    auto [it, fresh] = made.try_emplace(t.unsafeGetTensorImpl());
+    if (fresh) it->second.push_back(ItemPlan::Load::kOutside);
+    if (std::find(it->second.begin(), it->second.end(), static_cast<int32_t>(index)) == it->second.end())
+      it->second.push_back(static_cast<int32_t>(index));
+  }
 
   // The last read of each table entry: by item `item`, in its kernel `kernel` (-1: after its
   // kernels, as an output or a gradient effect). Reads come in order, so the last one wins.
@@ -479,8 +488,13 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
     ItemPlan::Load l;
     l.arg = arg;
     l.elem = elem;
-    if (auto made = m.made.find(t.unsafeGetTensorImpl()); made != m.made.end())
-      l.made_by = static_cast<int32_t>(made->second);
+    // A filled placeholder (a fetch made it real) is read as itself: what made it is its value's.
+    const c10::TensorImpl* key = t.unsafeGetTensorImpl();
+    if (typeid(*key) == typeid(PlaceholderImpl)) {
+      const auto& slot = static_cast<const PlaceholderImpl*>(key)->slot();
+      if (slot && slot->value.defined()) key = slot->value.unsafeGetTensorImpl();
+    }
+    if (auto made = m.made.find(key); made != m.made.end()) l.made_by = made->second;
     auto known = m.by_impl.find(t.unsafeGetTensorImpl());
     // A tensor from outside the iteration that an earlier item also read (one made inside it is
     // one value by construction): this load shares that load's table entry, which the replay
@@ -890,8 +904,9 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
     r.id = id;
     if (v.isTensor()) {
       if (v.toTensor().defined()) {
+        const bool existed = m.by_impl.count(v.toTensor().unsafeGetTensorImpl()) != 0;  // in place
         m.remember(v.toTensor(), r);
-        m.made.emplace(v.toTensor().unsafeGetTensorImpl(), m.index);
+        if (!existed) m.made.try_emplace(v.toTensor().unsafeGetTensorImpl(), std::vector<int32_t>{static_cast<int32_t>(m.index)});
       }
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
@@ -899,8 +914,9 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
         Ref er = r;
         er.elem = static_cast<int32_t>(e);
         const at::Tensor t = list[e];
+        const bool existed = m.by_impl.count(t.unsafeGetTensorImpl()) != 0;  // in place
         m.remember(t, er);
-        m.made.emplace(t.unsafeGetTensorImpl(), m.index);
+        if (!existed) m.made.try_emplace(t.unsafeGetTensorImpl(), std::vector<int32_t>{static_cast<int32_t>(m.index)});
       }
     } else if (!v.isNone()) {
       // A host value (a Scalar, a bool) inside a decomposition: what follows may depend on it.
@@ -1005,7 +1021,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
       r.kind = Ref::Kind::Value;
       r.id = id;
       m.remember(returns[0], r);
-      m.made[returns[0].unsafeGetTensorImpl()] = m.index;  // the program's tensor is this item's
+      m.returned_by_item(returns[0]);  // the program's tensor is this item's placeholder
       p.outs.push_back(r);
       m.read(r, -1);
     }
@@ -1020,7 +1036,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
       // contiguous tensor). Not an argument the op writes and returns (its placeholder is the
       // argument's).
       const bool returns_argument = item.expect && k < item.expect->size() && (*item.expect)[k].alias_arg >= 0;
-      if (t.defined() && !returns_argument) m.made[t.unsafeGetTensorImpl()] = m.index;
+      if (t.defined() && !returns_argument) m.returned_by_item(t);
       if (t.defined() && m.item_autograd) {
         auto fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (fn) {
@@ -1367,9 +1383,15 @@ bool BlockReplayer::made_as_recorded(const ItemPlan& p, const WorkItem& item, ui
       }
     }
     const bool inside = made >= first;
-    if (l.made_by < 0 ? inside
-                      : !inside || static_cast<size_t>(l.made_by) >= seqs.size() || made != seqs[static_cast<size_t>(l.made_by)])
-      return false;
+    bool as_recorded = l.made_by.empty() && !inside;  // from outside then and now
+    for (int32_t j : l.made_by) {
+      if (j == ItemPlan::Load::kOutside) {
+        as_recorded = as_recorded || !inside;
+      } else {
+        as_recorded = as_recorded || (inside && static_cast<size_t>(j) < seqs.size() && made == seqs[static_cast<size_t>(j)]);
+      }
+    }
+    if (!as_recorded) return false;
   }
   return true;
 }

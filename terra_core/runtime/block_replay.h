@@ -132,9 +132,11 @@ struct ItemPlan {
     // after this item read it there, and it is written again only with another tensor.
     int32_t same_item = -1;
     uint32_t same_load = 0;
-    // The item of the iteration that made the tensor when recorded (-1: from outside it),
-    // checked for the items whose autograd history the block's backward consumes, and for it.
-    int32_t made_by = -1;
+    // The items of the iteration whose placeholder for the tensor the program could have passed
+    // when recorded (kOutside: one from before the iteration; none: from outside only), checked
+    // for the items whose autograd history the block's backward consumes, and for it.
+    static constexpr int32_t kOutside = -1;
+    std::vector<int32_t> made_by;
   };
   std::vector<Load> loads;
   uint32_t kernels_begin = 0, kernels_end = 0;
