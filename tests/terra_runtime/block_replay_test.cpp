@@ -188,6 +188,48 @@ TEST(BlockReplay, AnSgdStepIsReplayedBitwiseWithANewLearningRateEachIteration) {
   EXPECT_GT(c.kernels, 7u * 6u);
 }
 
+TEST(BlockReplay, TheBackwardOfAnotherLossOfTheSameShapeLeavesTheBlock) {
+  // One forward, two losses of one shape; the recorded iterations take the first loss's backward
+  // and the last one the second's. Replaying the recorded backward gave the first's gradients
+  // (BlockReplayer::made_as_recorded).
+  at::manual_seed(4);
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
+  const at::Tensor two = at::full({5, 3}, 2.0);
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 6; ++i) {
+    const bool second = i == 5;
+    {
+      eager.w.mutable_grad() = at::Tensor();
+      const at::Tensor h = eager.x.mm(eager.w);
+      const at::Tensor a = (h * two).sum(), b = (h * h).sum();
+      torch::autograd::backward({second ? b : a});
+      at::NoGradGuard no_grad;
+      eager.w.add_(eager.w.grad(), -0.1);
+    }
+    is.begin_iteration();
+    is.grad_write_none(coexec.w);
+    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
+    const at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    const at::Tensor am = is.aten(op("aten::mul", "Tensor"), {h, two}, true, {h_like})[0];
+    const at::Tensor a = is.aten(op("aten::sum", ""), {am, c10::IValue()}, true, {h_like.sum()})[0];
+    const at::Tensor bm = is.aten(op("aten::mul", "Tensor"), {h, h}, true, {h_like})[0];
+    const at::Tensor b = is.aten(op("aten::sum", ""), {bm, c10::IValue()}, true, {h_like.sum()})[0];
+    is.backward(second ? b : a);
+    const at::Tensor g = is.grad_read(coexec.w, coexec.w.detach());
+    is.aten(op("aten::add_", "Tensor"), {coexec.w, g, -0.1}, false, {});
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_TRUE(same(eager.w.grad(), coexec.w.grad()));
+  const auto c = runner.replay_counts();
+  EXPECT_GE(c.iterations, 3u) << c.last_left;
+  EXPECT_GE(c.left, 1u);
+}
+
 TEST(BlockReplay, GradientsAccumulateInPlaceAsInEager) {
   at::manual_seed(2);
   SgdProgram eager;
