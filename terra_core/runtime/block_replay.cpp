@@ -490,10 +490,8 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
     l.elem = elem;
     // A filled placeholder (a fetch made it real) is read as itself: what made it is its value's.
     const c10::TensorImpl* key = t.unsafeGetTensorImpl();
-    if (typeid(*key) == typeid(PlaceholderImpl)) {
-      const auto& slot = static_cast<const PlaceholderImpl*>(key)->slot();
-      if (slot && slot->value.defined()) key = slot->value.unsafeGetTensorImpl();
-    }
+    if (const PlaceholderImpl* filled = placeholder_impl(key); filled && filled->slot() && filled->slot()->value.defined())
+      key = filled->slot()->value.unsafeGetTensorImpl();
     if (auto made = m.made.find(key); made != m.made.end()) l.made_by = made->second;
     auto known = m.by_impl.find(t.unsafeGetTensorImpl());
     // A tensor from outside the iteration that an earlier item also read (one made inside it is
@@ -1244,12 +1242,17 @@ const c10::TensorImpl* read_impl(const c10::IValue& v) {
   return p->detached() ? kDetachedRead : p->slot()->value.unsafeGetTensorImpl();
 }
 
+// Argument `arg` of `item`, read in place; element `elem` of a list argument is copied into `hold`.
+const c10::IValue& arg_ref(const WorkItem& item, uint32_t arg, int32_t elem, c10::IValue& hold) {
+  const c10::IValue& v = item.args.at(arg);
+  if (elem < 0) return v;
+  hold = v.toList().get(static_cast<size_t>(elem));
+  return hold;
+}
+
 // read_impl of argument `arg` of `item` (element `elem` of a list argument, copied into `hold`).
 const c10::TensorImpl* arg_impl(const WorkItem& item, uint32_t arg, int32_t elem, c10::IValue& hold) {
-  const c10::IValue& v = item.args.at(arg);
-  if (elem < 0) return read_impl(v);
-  hold = v.toList().get(static_cast<size_t>(elem));
-  return read_impl(hold);
+  return read_impl(arg_ref(item, arg, elem, hold));
 }
 
 }  // namespace
@@ -1371,16 +1374,11 @@ bool BlockReplayer::made_as_recorded(const ItemPlan& p, const WorkItem& item, ui
   const uint64_t first = seqs.empty() ? seq : seqs[0];
   for (const ItemPlan::Load& l : p.loads) {
     c10::IValue hold;  // list elements only
-    const c10::IValue& v = item.args.at(l.arg);
-    if (l.elem >= 0) hold = v.toList().get(static_cast<size_t>(l.elem));
-    const c10::IValue& a = l.elem >= 0 ? hold : v;
+    const c10::IValue& a = arg_ref(item, l.arg, l.elem, hold);
     uint64_t made = 0;  // the item that made it; 0: a real tensor (or not a tensor)
     if (a.isTensor() && a.toTensor().defined()) {
-      const c10::TensorImpl* impl = a.toTensor().unsafeGetTensorImpl();
-      if (typeid(*impl) == typeid(PlaceholderImpl)) {  // filled or not: its slot tells
-        const auto& slot = static_cast<const PlaceholderImpl*>(impl)->slot();
-        made = slot ? slot->seq : 0;
-      }
+      const PlaceholderImpl* ph = placeholder_impl(a.toTensor().unsafeGetTensorImpl());  // filled or not
+      made = ph && ph->slot() ? ph->slot()->seq : 0;
     }
     const bool inside = made >= first;
     bool as_recorded = l.made_by.empty() && !inside;  // from outside then and now
@@ -1468,10 +1466,11 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
   });
 }
 
-bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone) {
+bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone, bool* tried) {
   if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || (alone && k.spread) || k.args.size() > 3)
     return false;
   const c10::IValue* args[3];
+  c10::IValue owned[3];  // a list element or a leaf's gradient, which have no place to be read in
   for (size_t i = 0; i < k.args.size(); ++i) {
     const Ref& r = k.args[i];
     if (r.kind == Ref::Kind::Const) {
@@ -1479,9 +1478,11 @@ bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone) {
     } else if (r.kind == Ref::Kind::Value && r.elem < 0) {
       args[i] = &table_[r.id];
     } else {
-      return false;
+      owned[i] = value(r);
+      args[i] = &owned[i];
     }
   }
+  *tried = true;
   const uint64_t reused = k.elementwise->reused();
   at::Tensor result;
   if (!k.elementwise->run(c10::ArrayRef<const c10::IValue*>(args, k.args.size()), &result)) return false;
@@ -1502,7 +1503,8 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   // An elementwise kernel reads its arguments in place: copies of them would write the reference
   // counts of tensors the program thread holds and counts too (a parameter, a batch, the `y` of a
   // `z = z + y` chain), a cache line moving between the two cores at every op.
-  if (k.elementwise && threads == 1 && run_elementwise(k, alone)) return;
+  bool tried = false;  // run_elementwise asked the ElementwiseReplay already
+  if (k.elementwise && threads == 1 && run_elementwise(k, alone, &tried)) return;
   stack.clear();
   stack.reserve(k.args.size());
   for (const Ref& a : k.args) stack.push_back(value(a));
@@ -1524,7 +1526,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
   if (filled) ++random_fills_;  // a barrier: never on a helping thread
   const uint64_t reused = k.elementwise ? k.elementwise->reused() : 0;
-  const bool ran = filled || (k.elementwise && threads == 1 && k.elementwise->run(stack));
+  const bool ran = filled || (k.elementwise && threads == 1 && !tried && k.elementwise->run(stack));
   if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;

@@ -338,8 +338,9 @@ class BlockReplayer {
   bool made_as_recorded(const ItemPlan& p, const WorkItem& item, uint64_t seq,
                         const std::vector<uint64_t>& seqs) const;
   // Kernel `k` through its ElementwiseReplay with its arguments read in place, its result stored;
-  // false: not so covered (run_kernel's stack route then).
-  bool run_elementwise(const RecordedKernel& k, bool alone);
+  // false: not so covered (run_kernel's stack route then). `*tried`: the ElementwiseReplay was
+  // asked (the stack route need not ask it again).
+  bool run_elementwise(const RecordedKernel& k, bool alone, bool* tried);
   bool spread(const RecordedKernel& k, int threads) const {
     return k.one_thread && threads > 1 && !openmp_spinning_limited() && program_waits_ && program_waits_() &&
            (k.spread || openmp_workers_spinning());

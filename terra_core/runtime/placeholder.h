@@ -165,6 +165,12 @@ inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
   return p->filled() ? nullptr : p;
 }
 
+// `t`'s TensorImpl as a placeholder, filled or not (its slot still names the item that made it);
+// nullptr for any other tensor.
+inline const PlaceholderImpl* placeholder_impl(const c10::TensorImpl* impl) {
+  return typeid(*impl) == typeid(PlaceholderImpl) ? static_cast<const PlaceholderImpl*>(impl) : nullptr;
+}
+
 // The real tensor behind a filled placeholder (detached if the placeholder is a detached copy).
 at::Tensor placeholder_value(const PlaceholderImpl& p);
 // A tensor, or the value of the placeholder it is (ready).
