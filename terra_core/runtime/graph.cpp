@@ -188,7 +188,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"iterations_workers_asleep", g.iterations_workers_asleep},
           {"workers_trial", workers_trial_name(g.workers_trial)},
           // Others' CPU per second of co-executed wall time with the workers spinning (-1: none).
-          {"workers_cpu_share", g.spinning_seconds > 0 ? g.spinning_others_cpu / g.spinning_seconds : -1.0},
+          {"workers_cpu_share", g.spinning_seconds > 0 ? g.spinning_workers_cpu / g.spinning_seconds : -1.0},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},
           {"ops_fast", g.ops_fast},

@@ -109,11 +109,11 @@ struct Graph {
   terra::PairedTrial workers_pairing;
   bool workers_asleep_before = false;
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
-  // Co-executed iterations with the workers spinning: their wall time, and the CPU time threads
-  // other than the program's and the GraphRunner's used meanwhile (its OpenMP workers, above
-  // all). Asleep can only save what the workers took: where they took next to nothing (kernels
-  // too small for intra-op threads), the other way is not tried (choose_workers).
-  double spinning_seconds = 0, spinning_others_cpu = 0;
+  // Co-executed iterations with the workers spinning: their wall time, and the CPU time the
+  // GraphRunner's OpenMP workers used meanwhile (OpenmpWorkerCpu). Asleep can only save what the
+  // workers took: where they took next to nothing (kernels too small for intra-op threads), the
+  // other way is not tried (choose_workers).
+  double spinning_seconds = 0, spinning_workers_cpu = 0;
   double traced_seconds = 0, coexec_seconds = 0;
 
   // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.

@@ -17,6 +17,8 @@
 #include <torch/csrc/autograd/forward_grad.h>
 
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -658,6 +660,7 @@ void GraphRunner::end_iteration() {
 void GraphRunner::loop() {
   // Named for top, perf and py-spy; the OpenMP workers it starts inherit the name.
   pthread_setname_np(pthread_self(), "terra-graph");
+  tid_.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
   RunnerAllocator::set_cached_thread(true);  // its buffers are reused across iterations
   uint64_t next = 0;
   // The current busy span: from the first item executed after idling (or after the issuing

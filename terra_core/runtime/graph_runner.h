@@ -180,6 +180,9 @@ class GraphRunner {
   // CPU time the runner thread has used so far, in seconds (its kernels' own threads not
   // counted); any thread may ask.
   double cpu_seconds() const { return thread_clock_ok_ ? cpu_clock_seconds(thread_clock_) : -1.0; }
+  // The runner thread's id (its OpenMP workers are the threads it made: WorkerCpuClock); 0 until
+  // it has started.
+  pid_t thread_id() const { return tid_.load(std::memory_order_relaxed); }
 
   // Block replay (block_replay.h): on by default; set by the Python thread.
   // `accelerators`: blocks on accelerator streams too (Policy::accelerator_blocks).
@@ -313,6 +316,7 @@ class GraphRunner {
   std::atomic<uint64_t> wait_target_{0};  // the item the sleeping Python thread waits for (0: none)
   std::atomic<int> sleeping_{0};  // whether and how the GraphRunner sleeps on work_cv_ (.cpp)
   std::thread thread_;
+  std::atomic<pid_t> tid_{0};  // thread_'s id (thread_id)
   clockid_t thread_clock_{};  // thread_'s CPU-time clock (cpu_seconds), if thread_clock_ok_
   bool thread_clock_ok_ = false;
 };

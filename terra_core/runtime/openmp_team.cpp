@@ -2,20 +2,26 @@
 
 #include "timeline.h"  // now_ns
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 
 namespace terra::runtime {
@@ -234,6 +240,66 @@ void restore_intraop_threads(const IntraopThreads& previous) {
   const IntraopSetters& f = intraop_setters();
   if (f.omp_set && previous.omp > 0) f.omp_set(previous.omp);
   if (f.mkl_set && previous.mkl >= 0) f.mkl_set(previous.mkl);
+}
+
+namespace {
+
+// A thread's name (its /proc comm, without the newline); empty where it cannot be read.
+std::string thread_name(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/comm", static_cast<int>(tid));
+  std::FILE* f = std::fopen(path, "re");
+  if (!f) return {};
+  char name[32] = {};
+  const bool ok = std::fgets(name, sizeof name, f) != nullptr;
+  std::fclose(f);
+  if (!ok) return {};
+  name[std::strcspn(name, "\n")] = '\0';
+  return name;
+}
+
+// The CPU clock of thread `tid` of this process: what pthread_getcpuclockid makes from a thread's
+// id (Linux's MAKE_THREAD_CPUCLOCK: the id inverted, per-thread, scheduler time).
+clockid_t thread_cpu_clock(pid_t tid) { return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 4 | 2); }
+
+}  // namespace
+
+void WorkerCpuClock::list(pid_t owner) {
+  owner_ = owner;
+  clocks_.clear();
+  const std::string name = thread_name(owner);
+  DIR* dir = name.empty() ? nullptr : opendir("/proc/self/task");
+  if (!dir) return;
+  std::vector<pid_t> workers;
+  while (const dirent* e = readdir(dir)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (tid > 0 && tid != owner && thread_name(tid) == name) workers.push_back(tid);
+  }
+  closedir(dir);
+  // A thread made or ended during the listing may show a thread twice (procfs lists by position).
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+  for (const pid_t tid : workers) clocks_.push_back(thread_cpu_clock(tid));
+}
+
+double WorkerCpuClock::seconds(pid_t owner, bool& changed) {
+  struct stat task {};
+  if (owner <= 0 || stat("/proc/self/task", &task) != 0) return -1.0;
+  changed = owner != owner_ || static_cast<uint64_t>(task.st_nlink) != links_;
+  if (changed) {
+    links_ = task.st_nlink;
+    list(owner);
+  }
+  int64_t ns = 0;
+  for (const clockid_t clock : clocks_) {
+    timespec t{};
+    if (clock_gettime(clock, &t) != 0) {
+      links_ = 0;  // a worker exited: list them again next time
+      continue;
+    }
+    ns += static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+  }
+  return static_cast<double>(ns) * 1e-9;
 }
 
 void release_openmp_team() {

@@ -28,7 +28,11 @@
 // their work exactly as eager execution does.
 #pragma once
 
+#include <sys/types.h>
+#include <time.h>
+
 #include <cstdint>
+#include <vector>
 
 namespace terra::runtime {
 
@@ -129,5 +133,29 @@ void lower_openmp_workers(int nice);
 // Lowers the calling thread's workers for a region of `threads` threads now, if they may be new
 // (the pool was released or grows); a thread-local compare otherwise.
 void ready_openmp_workers(int threads);
+
+// The CPU time one thread's OpenMP workers have taken, read from another thread: the program
+// thread weighs the GraphRunner's spinning workers against sleeping ones by it
+// (PythonRunner::choose_workers).
+//
+// Its workers are the threads it created: Linux names a new thread after the one that made it,
+// and libgomp names none of its own, so they are the other threads with its name
+// (/proc/self/task, listed again whenever the process's thread count changes). The process's CPU
+// clock less the program thread's and the GraphRunner's counted every other thread too: in a
+// test run, the other threads of the process took 11% of the wall time of co-executed iterations
+// whose GraphRunner never ran a parallel region, and its workers were tried asleep for it.
+class WorkerCpuClock {
+ public:
+  // Seconds of CPU the workers of thread `owner` (a thread id) took so far, or -1 where it cannot
+  // be read; `changed` is set when the workers were listed again (another set: the sum is not
+  // comparable with the previous one). Not thread-safe: one reading thread.
+  double seconds(pid_t owner, bool& changed);
+
+ private:
+  void list(pid_t owner);
+  pid_t owner_ = 0;
+  uint64_t links_ = 0;  // /proc/self/task's link count when listed: 2 + the thread count
+  std::vector<clockid_t> clocks_;
+};
 
 }  // namespace terra::runtime

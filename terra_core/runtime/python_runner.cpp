@@ -409,7 +409,7 @@ void PythonRunner::end_iteration() {
     case Mode::Off:
       break;
   }
-  if (choosing_spin()) note_others_cpu(static_cast<double>(end - iteration_start_ns_) * 1e-9);
+  if (choosing_spin()) note_workers_cpu(static_cast<double>(end - iteration_start_ns_) * 1e-9);
   if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
     // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
     // one also measured the GraphRunner in its steady state (coexec_seconds).
@@ -547,27 +547,30 @@ constexpr double kWorkersCpuShare = 0.1;
 // Whether the GraphRunner's idle workers took CPU while spinning (true where not measured):
 // asleep saves only that.
 bool workers_took_cpu(const Graph& g) {
-  return g.spinning_seconds <= 0 || g.spinning_others_cpu >= kWorkersCpuShare * g.spinning_seconds;
+  return g.spinning_seconds <= 0 || g.spinning_workers_cpu >= kWorkersCpuShare * g.spinning_seconds;
 }
 
 }  // namespace
 
-void PythonRunner::note_others_cpu(double wall_seconds) {
+void PythonRunner::note_workers_cpu(double wall_seconds) {
   // Consecutive iterations' ends bracket each iteration; a break (an iteration not co-executed
   // with the workers spinning, no GraphRunner) starts the chain again.
   const bool measured = runner_ && mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec && !spin_limited_;
-  const double runner_cpu = measured ? runner_->cpu_seconds() : -1.0;
-  if (runner_cpu < 0) {
-    others_cpu_at_ = -1.0;
+  if (!measured) {
+    workers_cpu_at_ = -1.0;
     return;
   }
-  const double others = cpu_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) -
-                        cpu_clock_seconds(CLOCK_THREAD_CPUTIME_ID) - runner_cpu;
-  if (others_cpu_at_ >= 0) {
-    graph_->spinning_seconds += wall_seconds;
-    graph_->spinning_others_cpu += std::max(0.0, others - others_cpu_at_);
+  bool changed = false;
+  const double workers = workers_cpu_.seconds(runner_->thread_id(), changed);
+  if (workers < 0 || changed) {
+    workers_cpu_at_ = workers;  // another set of workers: from here on
+    return;
   }
-  others_cpu_at_ = others;
+  if (workers_cpu_at_ >= 0) {
+    graph_->spinning_seconds += wall_seconds;
+    graph_->spinning_workers_cpu += std::max(0.0, workers - workers_cpu_at_);
+  }
+  workers_cpu_at_ = workers;
 }
 
 void PythonRunner::choose_workers() {

@@ -30,6 +30,7 @@
 
 #include "graph.h"
 #include "graph_runner.h"
+#include "openmp_team.h"
 #include "op_template.h"
 #include "python_stack.h"
 #include "timeline.h"
@@ -215,9 +216,10 @@ class PythonRunner {
   uint64_t completed_seq_ = 0;  // issued at the end of the previous co-executed iteration
   int64_t completed_ns_ = 0;    // when that iteration's predecessor had been run (0: none)
   int coexec_run_ = 0;          // co-executed iterations in a row, up to this one
-  // CPU time of the threads other than this one and the GraphRunner's at the last iteration's
-  // end, while measuring (note_others_cpu); -1 when not.
-  double others_cpu_at_ = -1.0;
+  // CPU time of the GraphRunner's OpenMP workers at the last iteration's end, while measuring
+  // (note_workers_cpu); -1 when not.
+  double workers_cpu_at_ = -1.0;
+  WorkerCpuClock workers_cpu_;
   static constexpr int kCoexecRunBeforeSample = 3;  // the first two time the GraphRunner's start
   bool chosen_eager_ = false;        // this iteration runs eagerly because that is faster
   Mode iteration_mode_ = Mode::Off;  // the mode this iteration began in
@@ -238,8 +240,8 @@ class PythonRunner {
   // GraphRunner's idle OpenMP workers next (Graph::workers_asleep, Graph::WorkersTrial).
   void choose_workers();
   // Adds a co-executed iteration with the workers spinning to Graph::spinning_seconds and
-  // spinning_others_cpu (choose_workers reads them).
-  void note_others_cpu(double wall_seconds);
+  // spinning_workers_cpu (choose_workers reads them).
+  void note_workers_cpu(double wall_seconds);
   // At a co-executed iteration's end, while the two ways alternate (Graph::WorkersTrial::Pairing):
   // its time to the trial, and the way for the next iteration.
   void pair_workers(bool clean, double seconds);

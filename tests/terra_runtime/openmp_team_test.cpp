@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 
 #include <chrono>
 #include <filesystem>
@@ -98,6 +99,77 @@ TEST(OpenMPTeam, LoweredWorkersRunBelowTheirThreadAndNoOtherThreadsDo) {
   EXPECT_EQ(less, (std::array<int, 2>{base, std::min(19, base + 2)}));
   EXPECT_EQ(off, (std::array<int, 2>{base, base}));
   EXPECT_EQ(other, (std::array<int, 2>{base, base}));
+}
+
+// Burns the calling thread's CPU for `seconds` of its own CPU time.
+double burn(double seconds) {
+  timespec t{};
+  volatile double x = 0;
+  for (;;) {
+    for (int i = 0; i < 100000; ++i) x = x + 1.0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    const double used = static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+    if (used >= seconds) return used;
+  }
+}
+
+// Waits asleep (a waiting thread's CPU would count where it is a worker).
+void wait_until(const std::atomic<int>& stage, int at_least) {
+  while (stage.load() < at_least) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
+TEST(OpenMPTeam, WorkerCpuCountsTheThreadsItsOwnerMadeAndNoOthers) {
+  // The owner stands for the GraphRunner, its worker for an OpenMP worker it made (a thread
+  // made by it carries its name), and `other` for any other thread of the process. Each burns
+  // 50 ms of CPU; all live until read.
+  std::atomic<int> stage{0}, burnt{0};
+  std::atomic<pid_t> owner_tid{0};
+  double worker_cpu = 0;
+  std::thread worker;
+  std::thread owner([&] {
+    pthread_setname_np(pthread_self(), "wcc-owner");
+    owner_tid = static_cast<pid_t>(syscall(SYS_gettid));
+    wait_until(stage, 1);
+    worker = std::thread([&] {
+      stage = 2;
+      wait_until(stage, 3);
+      worker_cpu = burn(0.05);
+      ++burnt;
+      wait_until(stage, 4);
+    });
+    wait_until(stage, 3);
+    burn(0.05);
+    ++burnt;
+    wait_until(stage, 4);
+  });
+  std::thread other([&] {
+    wait_until(stage, 3);
+    burn(0.05);
+    ++burnt;
+    wait_until(stage, 4);
+  });
+  while (owner_tid.load() == 0) std::this_thread::yield();
+  WorkerCpuClock clock;
+  bool changed = false;
+  EXPECT_EQ(clock.seconds(owner_tid, changed), 0.0);  // no worker yet
+  EXPECT_TRUE(changed);                               // listed the first time
+  stage = 1;
+  wait_until(stage, 2);
+  const double before = clock.seconds(owner_tid, changed);
+  EXPECT_TRUE(changed);  // the worker appeared
+  EXPECT_FALSE((clock.seconds(owner_tid, changed), changed));  // the same threads
+  stage = 3;
+  wait_until(burnt, 3);
+  const double after = clock.seconds(owner_tid, changed);
+  EXPECT_FALSE(changed);
+  stage = 4;
+  owner.join();
+  other.join();
+  worker.join();
+  // The worker's CPU and no more: not the owner's own, not the other thread's.
+  EXPECT_NEAR(after, worker_cpu, 0.003);
+  EXPECT_GE(after - before, 0.045);
+  EXPECT_LT(after - before, 0.06);
 }
 
 }  // namespace
