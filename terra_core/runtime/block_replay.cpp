@@ -1292,6 +1292,7 @@ c10::IValue BlockReplayer::value(const Ref& r) const {
 
 at::Tensor BlockReplayer::tensor(const Ref& r) const {
   if (r.kind == Ref::Kind::Grad) return value(block_->leaves[r.id]).toTensor().grad();
+  if (r.kind == Ref::Kind::Value && r.elem < 0) return table_[r.id].toTensor();  // no copy of the IValue
   return value(r).toTensor();
 }
 

@@ -65,6 +65,36 @@ bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const
   }
 }
 
+bool ElementwiseReplay::eligible_as_built(const at::Tensor& a, const at::Tensor& b) const {
+  const c10::TensorImpl* ia = a.unsafeGetTensorImpl();
+  const c10::TensorImpl* ib = b.unsafeGetTensorImpl();
+  return ia->key_set() == keys_a_ && ib->key_set() == keys_b_ && ia->unsafe_storage() && ib->unsafe_storage();
+}
+
+bool ElementwiseReplay::check_alpha(const c10::IValue& v, c10::ScalarType dtype) {
+  // A replayed block passes the same recorded number at every call.
+  if (v.isInt() ? alpha_kind_ == Alpha::Long && v.toInt() == long_alpha_
+                : v.isDouble() && alpha_kind_ == Alpha::Double && v.toDouble() == double_alpha_)
+    return true;
+  // What the meta function's alpha_check refuses, the dispatcher refuses.
+  if (!v.isScalar()) return false;
+  c10::Scalar alpha = v.toScalar();
+  if (alpha.isComplex() || alpha.isBoolean() ||
+      (alpha.isFloatingPoint() && c10::isIntegralType(dtype, /*includeBool=*/true)))
+    return false;
+  if (v.isInt()) {
+    alpha_kind_ = Alpha::Long;
+    long_alpha_ = v.toInt();
+  } else if (v.isDouble()) {
+    alpha_kind_ = Alpha::Double;
+    double_alpha_ = v.toDouble();
+  } else {
+    alpha_kind_ = Alpha::Other;
+  }
+  alpha_ = std::move(alpha);
+  return true;
+}
+
 void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
   const auto stand_in = [](const at::Tensor& t) {
     return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
@@ -83,15 +113,21 @@ void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
     if (converted.is_same(sb) || converted.scalar_type() != a.scalar_type() || converted.dim() != 0) return;
     number_from_ = b.scalar_type();
   }
-  if (!in_place_) point(o, nullptr);  // its memory goes back now: each run points it at that run's result
+  if (!in_place_) point(o.unsafeGetTensorImpl(), nullptr);  // its memory goes back now: each run points it at that run's result
+  operand_[0] = o.unsafeGetTensorImpl();
+  operand_[1] = iter->input_base(0).unsafeGetTensorImpl();
+  operand_[2] = converted.unsafeGetTensorImpl();
+  dtype_ = a.scalar_type();
+  keys_a_ = a.unsafeGetTensorImpl()->key_set();
+  keys_b_ = b.unsafeGetTensorImpl()->key_set();
   iter_ = std::move(iter);
 }
 
-void ElementwiseReplay::write_converted(const at::Tensor& number, const at::TensorBase& to) {
+void ElementwiseReplay::write_converted(const at::Tensor& number, c10::TensorImpl* to) {
   // As the iterator's `to(common dtype)` converts it (c10::convert: a static_cast).
   const auto put = [&](auto v) {
-    void* d = to.data_ptr();
-    switch (to.scalar_type()) {
+    void* d = to->mutable_data();
+    switch (c10::typeMetaToScalarType(to->dtype())) {
       case c10::ScalarType::Float: *static_cast<float*>(d) = static_cast<float>(v); break;
       case c10::ScalarType::Double: *static_cast<double*>(d) = static_cast<double>(v); break;
       case c10::ScalarType::Int: *static_cast<int32_t*>(d) = static_cast<int32_t>(v); break;
@@ -106,8 +142,8 @@ void ElementwiseReplay::write_converted(const at::Tensor& number, const at::Tens
   }
 }
 
-void ElementwiseReplay::point(const at::TensorBase& stand_in, void* data) {
-  stand_in.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
+void ElementwiseReplay::point(c10::TensorImpl* stand_in, void* data) {
+  stand_in->unsafe_storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
       at::DataPtr(data, c10::Device(c10::kCPU)));
 }
 
@@ -125,7 +161,7 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
 #endif
 }
 
-bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
+bool ElementwiseReplay::kept_free(const c10::TensorImpl* like) const {
   if (!kept_.defined()) return false;
   // Only this reference: nothing reads the value any more, and nothing will (a placeholder that
   // took its storage or a view would hold the storage; a Python object, a weak reference, autograd
@@ -135,7 +171,7 @@ bool ElementwiseReplay::kept_free(const at::TensorBase& like) const {
   if (kept_.use_count() != 1 || kept_.weak_use_count() != 1 || kept_.storage().use_count() != 1 ||
       impl->pyobj_slot()->load_pyobj() || impl->autograd_meta() ||
       (version.enabled() && (!version.unique() || version.current_version() != 0)) ||
-      !same_ints(kept_.sizes(), like.sizes()) || !same_ints(kept_.strides(), like.strides()) ||
+      !same_ints(kept_.sizes(), like->sizes()) || !same_ints(kept_.strides(), like->strides()) ||
       kept_.storage_offset() != 0)
     return false;
   // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
@@ -159,15 +195,8 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
   if (given_up_ || args.size() != nargs || !args[0]->isTensor() || !args[1]->isTensor()) return false;
   const at::Tensor& a = args[0]->toTensor();
   const at::Tensor& b = args[1]->toTensor();
-  if (!eligible(a, b)) return false;
-  c10::Scalar alpha(1);
-  if (nargs == 3) {  // what the meta function's alpha_check refuses, the dispatcher refuses
-    if (!args[2]->isScalar()) return false;
-    alpha = args[2]->toScalar();
-    if (alpha.isComplex() || alpha.isBoolean() ||
-        (alpha.isFloatingPoint() && c10::isIntegralType(a.scalar_type(), /*includeBool=*/true)))
-      return false;
-  }
+  if (!(iter_ && eligible_as_built(a, b)) && !eligible(a, b)) return false;
+  if (nargs == 3 && !check_alpha(*args[2], a.scalar_type())) return false;
   if (!iter_) {
     build(a, b);
     if (!iter_) {
@@ -177,12 +206,12 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
   }
   // The iterator's operands keep the geometry and dtype it was built for (its stand-ins; for a
   // Python number, its converted copy).
-  const at::TensorBase& a_was = iter_->input_base(0);
-  const at::TensorBase& b_was = iter_->input_base(1);
-  const auto same_geometry = [](const at::TensorBase& t, const at::TensorBase& was) {
-    return same_ints(t.sizes(), was.sizes()) && same_ints(t.strides(), was.strides());
+  const c10::TensorImpl* a_was = operand_[1];
+  const c10::TensorImpl* b_was = operand_[2];
+  const auto same_geometry = [](const at::Tensor& t, const c10::TensorImpl* was) {
+    return same_ints(t.sizes(), was->sizes()) && same_ints(t.strides(), was->strides());
   };
-  const c10::ScalarType dtype = a_was.scalar_type();
+  const c10::ScalarType dtype = dtype_;
   if (a.scalar_type() != dtype || !same_geometry(a, a_was) || !same_geometry(b, b_was)) return false;
   const bool number = number_from_ != c10::ScalarType::Undefined;
   if (number ? b.scalar_type() != number_from_ || !b.unsafeGetTensorImpl()->is_wrapped_number()
@@ -190,9 +219,10 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
     return false;
   // In place, an argument overlapping the written one other than exactly is the dispatcher's
   // error (or its copy of the argument, where it makes one).
-  if (in_place_ && b.storage().is_alias_of(a.storage()) && !(b.data_ptr() == a.data_ptr() && same_geometry(b, a)))
+  if (in_place_ && b.storage().is_alias_of(a.storage()) &&
+      !(b.data_ptr() == a.data_ptr() && same_ints(b.sizes(), a.sizes()) && same_ints(b.strides(), a.strides())))
     return false;
-  const at::TensorBase& out_was = iter_->output_base(0);
+  const c10::TensorImpl* out_was = operand_[0];
   at::Tensor result;
   if (in_place_) {
     result = a;
@@ -200,16 +230,16 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
     result = kept_;
     ++reused_;
   } else {
-    result = at::Tensor(at::detail::empty_strided_cpu(out_was.sizes(), out_was.strides(), dtype));
+    result = at::Tensor(at::detail::empty_strided_cpu(out_was->sizes(), out_was->strides(), dtype));
     if (result.nbytes() <= kKeptBytes) kept_ = result;
   }
   void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
   for (int i = 0; i < (number ? 2 : 3); ++i) {
-    point(i == 0 ? iter_->output_base(0) : iter_->input_base(i - 1), data[i]);
+    point(operand_[i], data[i]);
     iter_->unsafe_replace_operand(i, data[i]);
   }
-  if (number) write_converted(b, iter_->input_base(1));  // the iterator's own copy, in place
-  call_stub(alpha);
+  if (number) write_converted(b, operand_[2]);  // the iterator's own copy, in place
+  call_stub(nargs == 3 ? alpha_ : c10::Scalar(1));
   if (iter_->ntensors() != 3) {  // a stub folded an operand into a constant: the result stands
     iter_.reset();
     given_up_ = true;

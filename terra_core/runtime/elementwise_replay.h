@@ -49,10 +49,17 @@ class ElementwiseReplay {
 
  private:
   bool eligible(const at::Tensor& a, const at::Tensor& b) const;
+  // The eligibility of a pair whose dispatch keys are the built pair's: everything eligible()
+  // asks but the dtypes is in the keys (layout, device, conjugate and negative bits, quantized),
+  // so one compare each, and their storage.
+  bool eligible_as_built(const at::Tensor& a, const at::Tensor& b) const;
+  // Checks the call's alpha as the meta function's alpha_check would (false: refused) and keeps
+  // it in alpha_; a call with the last one's number is not checked again.
+  bool check_alpha(const c10::IValue& v, c10::ScalarType dtype);
   void build(const at::Tensor& a, const at::Tensor& b);
   void call_stub(const c10::Scalar& alpha);
-  static void point(const at::TensorBase& stand_in, void* data);
-  static void write_converted(const at::Tensor& number, const at::TensorBase& to);
+  static void point(c10::TensorImpl* stand_in, void* data);
+  static void write_converted(const at::Tensor& number, c10::TensorImpl* to);
 
   Op op_;
   bool in_place_;          // writes its first argument (the iterator's output is that argument)
@@ -61,6 +68,16 @@ class ElementwiseReplay {
   // iterator converts to the first's into a copy of its own; Undefined: a tensor of the first's.
   c10::ScalarType number_from_ = c10::ScalarType::Undefined;
   std::unique_ptr<at::TensorIterator> iter_;
+  // The iterator's operands (output, first input, second input), which live as long as it.
+  c10::TensorImpl* operand_[3] = {};
+  c10::DispatchKeySet keys_a_, keys_b_;  // the built pair's (eligible_as_built)
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;  // its operands' (the first input's)
+  // The last alpha that passed the check, and what it was: an int (long_alpha_), a double
+  // (double_alpha_) or another number (checked again at every call).
+  enum class Alpha : uint8_t { None, Long, Double, Other } alpha_kind_ = Alpha::None;
+  int64_t long_alpha_ = 0;
+  double double_alpha_ = 0;
+  c10::Scalar alpha_;
   uint64_t runs_ = 0;
   // The last result, if small (at most kKeptBytes): the next run writes into it instead of a new
   // tensor where nothing else holds it any more (the GraphRunner released it after its last
@@ -68,7 +85,7 @@ class ElementwiseReplay {
   // fifth of the GraphRunner's instructions per op on a 1x1 add chain.
   at::Tensor kept_;
   static constexpr size_t kKeptBytes = 16 * 1024;
-  bool kept_free(const at::TensorBase& like) const;
+  bool kept_free(const c10::TensorImpl* like) const;
   uint64_t reused_ = 0;
 
  public:

@@ -178,6 +178,26 @@ TEST(ElementwiseReplay, RefusesPromotionAndReducedFloats) {
   torch::jit::Stack int_alpha{at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(int64_t{3})};
   ASSERT_TRUE(add.run(int_alpha));
   EXPECT_EQ(4, int_alpha[0].toTensor()[0].item<int64_t>());
+  // The check of the last alpha is kept for the same number only.
+  torch::jit::Stack float_again{at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(3.0)};
+  EXPECT_FALSE(add.run(float_again));
+  torch::jit::Stack int_again{at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(int64_t{3})};
+  ASSERT_TRUE(add.run(int_again));
+  EXPECT_EQ(4, int_again[0].toTensor()[0].item<int64_t>());
+}
+
+// Once built, an input of the built geometry and dtype whose dispatch keys differ is asked again
+// in full: a negative view (its values are negated when read) is the dispatcher's.
+TEST(ElementwiseReplay, RefusesANegativeViewOfTheBuiltGeometry) {
+  const auto& op = handle("aten::mul", "Tensor");
+  ElementwiseReplay replay(ElementwiseReplay::covered(op));
+  torch::jit::Stack plain{at::full({4}, 2.0), at::full({4}, 3.0)};
+  ASSERT_TRUE(replay.run(plain));
+  const at::Tensor negative = at::_neg_view(at::full({4}, 3.0));
+  ASSERT_TRUE(negative.is_neg());
+  torch::jit::Stack with_negative{at::full({4}, 2.0), negative};
+  EXPECT_FALSE(replay.run(with_negative));
+  EXPECT_EQ(1u, replay.runs());
 }
 
 // The kept iterator holds no reference to, and no memory of, any run's inputs; of the results,
