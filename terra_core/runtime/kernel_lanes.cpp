@@ -1,5 +1,7 @@
 #include "kernel_lanes.h"
 
+#include <ATen/ThreadLocalState.h>
+
 #include "openmp_team.h"
 #include "spin.h"
 #include "timeline.h"  // now_ns
@@ -64,6 +66,11 @@ struct KernelLanes::Job {
   const LanePlan& plan;
   const std::function<void(uint32_t, bool)>& run;
   c10::impl::LocalDispatchKeySet keys;
+  // The GraphRunner's thread-local state (grad and inference mode, modes, hooks), which a helping
+  // thread takes on: a program thread waiting inside `torch.inference_mode()` would otherwise
+  // make the kernels' outputs inference tensors, which the GraphRunner's next in-place kernel on
+  // them refuses.
+  at::ThreadLocalState tls;
   std::unique_ptr<std::atomic<uint8_t>[]> state;
   std::atomic<uint32_t> done{0};
   std::atomic<uint32_t> low{0};  // every kernel below it is claimed
@@ -190,7 +197,8 @@ void KernelLanes::help(const std::function<bool()>& waiting, uint64_t& seen) {
   Job* job = job_.load();
   if (job == nullptr || calls == seen) return;
   seen = calls;
-  c10::impl::ForceDispatchKeyGuard keys(job->keys);
+  at::ThreadLocalStateGuard tls(job->tls);
+  c10::impl::ForceDispatchKeyGuard keys(job->keys);  // its keys less the recording hook
   const IntraopThreads previous = swap_intraop_threads(1);  // kernels with one thread's bits
   struct Restore {
     IntraopThreads previous;

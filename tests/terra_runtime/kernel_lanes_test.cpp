@@ -2,6 +2,9 @@
 // taking free kernels while the owner runs the rest, every dependency and barrier respected.
 #include "kernel_lanes.h"
 
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -152,6 +155,36 @@ TEST(KernelLanes, TheLowestFailingKernelsErrorIsRaisedAndLaterKernelsAreSkipped)
   }
   EXPECT_EQ(0, ran[20]);  // the barrier waits for everything before it, then is skipped
   EXPECT_EQ(0, ran[23]);
+}
+
+// A helping thread runs kernels in the owner's thread-local state, not its own: a program thread
+// that waits inside `torch.inference_mode()` made inference tensors of the outputs it computed,
+// which the GraphRunner's next in-place kernel on them refused.
+TEST(KernelLanes, AHelperRunsKernelsInTheOwnersThreadLocalState) {
+  Item item(40);
+  auto plan = item.plan();
+  ASSERT_NE(plan, nullptr);
+  KernelLanes lanes;
+  std::atomic<bool> stop{false};
+  std::atomic<int> helper_runs{0}, inference{0}, no_grad{0};
+  std::thread helper([&] {
+    c10::InferenceMode guard;  // as the waiting program thread may be
+    uint64_t seen = 0;
+    const std::function<bool()> waiting = [&] { return !stop.load(); };
+    while (!stop.load()) lanes.help(waiting, seen);
+  });
+  lanes.run(*plan, c10::impl::tls_local_dispatch_key_set(), [&](uint32_t, bool on_helper) {
+    const at::Tensor made = at::empty({2});
+    if (on_helper) ++helper_runs;
+    if (made.is_inference() || c10::InferenceMode::is_enabled()) ++inference;
+    if (!at::GradMode::is_enabled()) ++no_grad;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  stop = true;
+  helper.join();
+  EXPECT_GT(helper_runs.load(), 0);
+  EXPECT_EQ(0, inference.load());
+  EXPECT_EQ(0, no_grad.load());
 }
 
 TEST(KernelLanes, NoHelpOutsideAJobOrAfterTheWaitEnds) {
