@@ -26,8 +26,10 @@
 // the helper takes only kernels that ran at least kHelpNs when recorded (shorter ones cost more
 // in cache lines moving between the cores than they save), and leaves while the GraphRunner runs
 // a kernel with the program's intra-op threads (its OpenMP worker needs the core) or after
-// kIdleNs without work, called back once the GraphRunner is past the next barrier. Only while
-// the GraphRunner's OpenMP workers sleep (BlockReplayer::run). A kernel's exception is raised on
+// kIdleNs without work, called back once the GraphRunner is past the next barrier. The helper
+// runs them in the GraphRunner's thread-local state (grad and inference mode, its dispatch keys
+// less the recording hook), whatever its own is. Only while the GraphRunner's OpenMP workers
+// sleep (BlockReplayer::run). A kernel's exception is raised on
 // the GraphRunner after the item, the lowest-numbered one first; the kernels after a failed one
 // are skipped (barriers could not start anyway).
 //
