@@ -104,6 +104,15 @@ bool node_on_accelerator(const torch::autograd::Node& n) {
 // Whether a kernel with these arguments is known to give the program's bits with one thread
 // (verdicts.h).
 bool known_one_thread(const c10::OperatorHandle& op, c10::DispatchKeySet keys, const torch::jit::Stack& stack);
+
+// A warning handler that drops what it is given: for kernels run again to check them.
+c10::WarningHandler& discarded_warnings() {
+  struct Discard : c10::WarningHandler {
+    void process(const c10::Warning&) override {}
+  };
+  static Discard discard;
+  return discard;
+}
 bool large_for_threads(const c10::IValue& v);
 
 // A kernel call the hook handles: the calls it makes pass through.
@@ -814,6 +823,9 @@ void BlockRecorder::check_one_thread(const c10::OperatorHandle& op, c10::Dispatc
       generator.set_state(m.rng_before);
     }
     set_intraop_threads(n);
+    // A check, not the program's call: its warnings are not the program's (the program's own
+    // call raised them already).
+    c10::WarningUtils::WarningHandlerGuard quiet(&discarded_warnings());
     const auto t0 = std::chrono::steady_clock::now();
     op.redispatchBoxed(keys, &args);
     if (n == 1) {

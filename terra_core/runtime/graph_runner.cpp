@@ -662,6 +662,8 @@ void GraphRunner::loop() {
   pthread_setname_np(pthread_self(), "terra-graph");
   tid_.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
   RunnerAllocator::set_cached_thread(true);  // its buffers are reused across iterations
+  warning_capture_.runner = this;
+  c10::WarningUtils::set_warning_handler(&warning_capture_);  // for the thread's life
   uint64_t next = 0;
   // The current busy span: from the first item executed after idling (or after the issuing
   // iteration changed) to the end of the last one.
@@ -707,6 +709,8 @@ void GraphRunner::loop() {
         in_span = true;
       }
       try {
+        warning_capture_.graph = item.graph;
+        warning_capture_.node = item.node;
         execute(item, next + 1);
         if (const uint32_t n = release_dead_values(item.args, next + 1))  // placeholder.h
           released_early_.fetch_add(n, std::memory_order_relaxed);
@@ -737,6 +741,18 @@ void GraphRunner::loop() {
       done_cv_.notify_all();
     }
   }
+}
+
+void GraphRunner::WarningCapture::process(const c10::Warning& warning) {
+  std::lock_guard<std::mutex> lock(runner->warnings_mutex_);
+  if (runner->warnings_.size() < kMaxWarnings) runner->warnings_.push_back(RunnerWarning{warning, graph, node});
+  runner->has_warnings_.store(true, std::memory_order_release);
+}
+
+std::vector<RunnerWarning> GraphRunner::take_warnings() {
+  std::lock_guard<std::mutex> lock(warnings_mutex_);
+  has_warnings_.store(false, std::memory_order_relaxed);
+  return std::exchange(warnings_, {});
 }
 
 void GraphRunner::prefetch(const WorkItem& item) {

@@ -19,6 +19,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -105,6 +106,16 @@ struct RunnerError {
   explicit operator bool() const { return static_cast<bool>(exception); }
 };
 
+// A warning a kernel raised on the GraphRunner (TORCH_WARN), and the op whose item raised it:
+// the program thread raises it as a Python warning, as the op's binding does eagerly
+// (PythonRunner::raise_warnings). Without a handler of its own, the GraphRunner thread printed
+// them to stderr, where Python's warning filters never saw them.
+struct RunnerWarning {
+  c10::Warning warning;
+  uint64_t graph = 0;
+  uint32_t node = 0;
+};
+
 // Autograd orders the nodes of a backward pass by their sequence numbers, which each thread
 // counts on its own. Nodes made by the GraphRunner and by the Python thread (while tracing) meet
 // in one autograd graph, so both counters are kept moving forward together: a thread about to
@@ -165,6 +176,10 @@ class GraphRunner {
   bool has_room() const { return issued_ - reclaimed_ < ring_.size(); }
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Warnings its kernels raised since the last take_warnings (any thread may ask, and take).
+  bool has_warnings() const { return has_warnings_.load(std::memory_order_acquire); }
+  std::vector<RunnerWarning> take_warnings();
+  static constexpr size_t kMaxWarnings = 4096;  // kept between two takes; later ones are dropped
   // Takes the pending error (Python thread, after a wait); the runner resumes normal work.
   RunnerError take_error();
 
@@ -307,6 +322,16 @@ class GraphRunner {
   static constexpr uint64_t kNoHold = UINT64_MAX;
   alignas(kLine) std::atomic<uint64_t> hold_{kNoHold};
   std::atomic<bool> failed_{false};
+  // The runner thread's c10 warning handler: keeps each warning with the item being executed.
+  struct WarningCapture : c10::WarningHandler {
+    GraphRunner* runner = nullptr;
+    uint64_t graph = 0;  // the item being executed (runner thread only)
+    uint32_t node = 0;
+    void process(const c10::Warning& warning) override;
+  } warning_capture_;
+  std::mutex warnings_mutex_;
+  std::vector<RunnerWarning> warnings_;
+  std::atomic<bool> has_warnings_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> active_{false};
   RunnerError error_;

@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -274,6 +275,7 @@ void PythonRunner::exit() {
   if (RunnerAllocator::installed()) RunnerAllocator::install().release();  // eager work keeps none of its memory
   grad_defined_.clear();
   own_made_.clear();
+  raise_warnings();
   raise_if_failed();
   graph_ = nullptr;
   root_ = {};
@@ -898,6 +900,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
                              uint64_t lookup, torch::jit::Stack* stack, const Exec& exec,
                              uint32_t predicted) {
   if (runner().failed()) raise_if_failed();
+  if (runner_->has_warnings()) raise_warnings();  // an earlier item's, before this op goes on
   uint32_t node = predicted;
   bool fetched = false;
   bool settled = false;  // a .grad read answered with the real gradient (choose_grad_read)
@@ -1782,7 +1785,24 @@ void PythonRunner::unexpose(uintptr_t key) {
 void PythonRunner::sync() {
   if (!runner_) return;
   wait_for(runner_->issued(), "sync");
+  raise_warnings();
   raise_if_failed();
+}
+
+void PythonRunner::raise_warnings() {
+  if (!runner_ || !runner_->has_warnings()) return;
+  const std::vector<RunnerWarning> warnings = runner_->take_warnings();
+  // The op's later iterations run it here, after what it reads (a fetch), so its warnings come
+  // from its own call, where eager execution raises them. A warning raised on the GraphRunner is
+  // one that recurs: a once-per-process one (TORCH_WARN_ONCE) was raised by the first, traced call.
+  for (const RunnerWarning& w : warnings) {
+    if (!graph_ || w.graph != graph_->serial || w.node >= graph_->nodes.size()) continue;
+    OpTemplate& t = graph_->nodes[w.node].tmpl;
+    if (t.kind == OpKind::Aten && t.mode == ExecMode::Graph) t.mode = ExecMode::Fetch;
+  }
+  // Raised as Python warnings (or errors, as the filters say) when the handler goes.
+  torch::PyWarningHandler handler;
+  for (const RunnerWarning& w : warnings) c10::warn(w.warning);
 }
 
 void PythonRunner::raise_if_failed() {

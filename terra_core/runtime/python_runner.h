@@ -252,6 +252,9 @@ class PythonRunner {
   // Waits until the GraphRunner has run item `seq`; `what` (an op's name, or why) labels the
   // timeline's fetch_wait span.
   void wait_for(uint64_t seq, std::string_view what);
+  // Raises the GraphRunner's warnings as Python warnings, and makes each op that raised one a
+  // fetch from then on (GraphRunner::take_warnings).
+  void raise_warnings();
   void raise_if_failed();
   // The op's location key: its identity, call stack and occurrence in the iteration (what it
   // was made of stays in last_key_, for a node made from it). First counts the occurrences of the

@@ -1826,3 +1826,36 @@ def test_own_tensors_written_by_pending_work_are_read_after_the_writes():
     s, co = coexecuted_as_eager(own_tensors_written_by_pending_work)
     assert len(co) >= 10, s
     assert s["host_ops"] > 0, s
+
+
+def resized_out_each_step(steps=20):
+    """Each step writes a sum into an `out=` tensor of the wrong shape: PyTorch resizes it and
+    raises its deprecation warning (a TORCH_WARN in C++) at every call."""
+    w = torch.ones(3, requires_grad=True)
+    losses = []
+    for _ in range(steps):
+        out = torch.empty(2)
+        torch.add(w.detach(), 1.0, out=out)
+        loss = (w * out).sum()
+        loss.backward()
+        losses.append(float(loss))
+    return losses
+
+
+def test_warnings_of_ops_run_by_the_graph_runner_are_python_warnings(capfd):
+    # The GraphRunner thread had no warning handler: a kernel's warning there went to stderr, not
+    # through Python's warnings (8 of 20 here), and the op's outputs' shapes disagreed with the
+    # program's view until it ran. Now each is raised on the program thread, and the op runs as a
+    # fetch from then on: the same warnings as eagerly, each once per call.
+    def messages(fn):
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn()
+        return result, [(w.category, str(w.message)) for w in caught if "was resized" in str(w.message)]
+    eager, eager_warnings = messages(resized_out_each_step)
+    coexec, terra_warnings = messages(lambda: terra.run(resized_out_each_step))
+    assert coexec == eager
+    assert len(eager_warnings) == 20 and terra_warnings == eager_warnings
+    assert "was resized" not in capfd.readouterr().err
+    assert terra.stats("resized_out_each_step")["iterations_coexecuted"] >= 5
