@@ -1798,7 +1798,13 @@ void PythonRunner::raise_warnings() {
   for (const RunnerWarning& w : warnings) {
     if (!graph_ || w.graph != graph_->serial || w.node >= graph_->nodes.size()) continue;
     OpTemplate& t = graph_->nodes[w.node].tmpl;
-    if (t.kind == OpKind::Aten && t.mode == ExecMode::Graph) t.mode = ExecMode::Fetch;
+    if (t.kind != OpKind::Aten || t.mode != ExecMode::Graph) continue;
+    t.mode = ExecMode::Fetch;
+    // In `%terra explain` (terra.explain()): why this op now waits for the GraphRunner.
+    graph_->fallbacks.push_back(Fallback{"it raised a warning while run by the GraphRunner: from now on it "
+                                         "runs on the program thread (a fetch), so its warnings come at its "
+                                         "call, as eagerly",
+                                         t.name, t.source, 1, w.node});
   }
   // Raised as Python warnings (or errors, as the filters say) when the handler goes.
   torch::PyWarningHandler handler;

@@ -1859,3 +1859,7 @@ def test_warnings_of_ops_run_by_the_graph_runner_are_python_warnings(capfd):
     assert len(eager_warnings) == 20 and terra_warnings == eager_warnings
     assert "was resized" not in capfd.readouterr().err
     assert terra.stats("resized_out_each_step")["iterations_coexecuted"] >= 5
+    # `%terra explain` says why the op waits now, at its line.
+    told = [f for f in terra.explain("resized_out_each_step") if "raised a warning" in f["reason"]]
+    assert len(told) == 1 and told[0]["op"].startswith("aten::add"), terra.explain("resized_out_each_step")
+    assert told[0]["where"][2] == "resized_out_each_step", told
