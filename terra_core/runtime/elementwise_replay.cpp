@@ -89,7 +89,7 @@ bool ElementwiseReplay::check_alpha(const c10::IValue& v, c10::ScalarType dtype)
     alpha_kind_ = Alpha::Double;
     double_alpha_ = v.toDouble();
   } else {
-    alpha_kind_ = Alpha::Other;
+    alpha_kind_ = Alpha::None;  // checked again at every call
   }
   alpha_ = std::move(alpha);
   return true;

@@ -73,8 +73,8 @@ class ElementwiseReplay {
   c10::DispatchKeySet keys_a_, keys_b_;  // the built pair's (eligible_as_built)
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;  // its operands' (the first input's)
   // The last alpha that passed the check, and what it was: an int (long_alpha_), a double
-  // (double_alpha_) or another number (checked again at every call).
-  enum class Alpha : uint8_t { None, Long, Double, Other } alpha_kind_ = Alpha::None;
+  // (double_alpha_), or None (none yet, or another kind of number, checked at every call).
+  enum class Alpha : uint8_t { None, Long, Double } alpha_kind_ = Alpha::None;
   int64_t long_alpha_ = 0;
   double double_alpha_ = 0;
   c10::Scalar alpha_;

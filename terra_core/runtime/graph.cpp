@@ -187,7 +187,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"workers_asleep", g.workers_asleep},
           {"iterations_workers_asleep", g.iterations_workers_asleep},
           {"workers_trial", workers_trial_name(g.workers_trial)},
-          // Others' CPU per second of co-executed wall time with the workers spinning (-1: none).
+          // The GraphRunner's OpenMP workers' CPU per second of co-executed wall time with them spinning (-1: none).
           {"workers_cpu_share", g.spinning_seconds > 0 ? g.spinning_workers_cpu / g.spinning_seconds : -1.0},
           {"ops_traced", g.ops_traced},
           {"ops_coexecuted", g.ops_coexecuted},

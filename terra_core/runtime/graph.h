@@ -110,7 +110,7 @@ struct Graph {
   bool workers_asleep_before = false;
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   // Co-executed iterations with the workers spinning: their wall time, and the CPU time the
-  // GraphRunner's OpenMP workers used meanwhile (OpenmpWorkerCpu). Asleep can only save what the
+  // GraphRunner's OpenMP workers used meanwhile (WorkerCpuClock). Asleep can only save what the
   // workers took: where they took next to nothing (kernels too small for intra-op threads), the
   // other way is not tried (choose_workers).
   double spinning_seconds = 0, spinning_workers_cpu = 0;

@@ -17,7 +17,6 @@
 #include <torch/csrc/autograd/forward_grad.h>
 
 #include <pthread.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -660,7 +659,7 @@ void GraphRunner::end_iteration() {
 void GraphRunner::loop() {
   // Named for top, perf and py-spy; the OpenMP workers it starts inherit the name.
   pthread_setname_np(pthread_self(), "terra-graph");
-  tid_.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
+  tid_.store(gettid(), std::memory_order_relaxed);
   RunnerAllocator::set_cached_thread(true);  // its buffers are reused across iterations
   warning_capture_.runner = this;
   c10::WarningUtils::set_warning_handler(&warning_capture_);  // for the thread's life
@@ -709,8 +708,6 @@ void GraphRunner::loop() {
         in_span = true;
       }
       try {
-        warning_capture_.graph = item.graph;
-        warning_capture_.node = item.node;
         execute(item, next + 1);
         if (const uint32_t n = release_dead_values(item.args, next + 1))  // placeholder.h
           released_early_.fetch_add(n, std::memory_order_relaxed);
@@ -744,8 +741,10 @@ void GraphRunner::loop() {
 }
 
 void GraphRunner::WarningCapture::process(const c10::Warning& warning) {
+  // Runner thread: `done_` moves past an item only after it ran, so the item running is the next.
+  const WorkItem& item = runner->ring_[runner->done_.load(std::memory_order_relaxed) % runner->ring_.size()];
   std::lock_guard<std::mutex> lock(runner->warnings_mutex_);
-  if (runner->warnings_.size() < kMaxWarnings) runner->warnings_.push_back(RunnerWarning{warning, graph, node});
+  if (runner->warnings_.size() < kMaxWarnings) runner->warnings_.push_back(RunnerWarning{warning, item.graph, item.node});
   runner->has_warnings_.store(true, std::memory_order_release);
 }
 

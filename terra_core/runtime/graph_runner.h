@@ -322,11 +322,11 @@ class GraphRunner {
   static constexpr uint64_t kNoHold = UINT64_MAX;
   alignas(kLine) std::atomic<uint64_t> hold_{kNoHold};
   std::atomic<bool> failed_{false};
-  // The runner thread's c10 warning handler: keeps each warning with the item being executed.
+  // The runner thread's c10 warning handler: keeps each warning with the item being executed
+  // (the one after `done_`), found only when a warning comes: nothing is written per item here,
+  // on the line of `failed_`, which the program thread reads at every op.
   struct WarningCapture : c10::WarningHandler {
     GraphRunner* runner = nullptr;
-    uint64_t graph = 0;  // the item being executed (runner thread only)
-    uint32_t node = 0;
     void process(const c10::Warning& warning) override;
   } warning_capture_;
   std::mutex warnings_mutex_;
