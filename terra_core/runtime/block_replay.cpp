@@ -1440,7 +1440,9 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     spread_ += spreads;
     OneThread threads(k.one_thread && !spreads);
     bound_one_thread_ += threads.active();
-    if (!threads.active() && k.large && at::get_num_threads() > 1) note_parallel_region();
+    const bool parallel = !threads.active() && k.large && at::get_num_threads() > 1;
+    if (parallel) note_parallel_region();
+    TeamRegion region(parallel);  // the program thread yields its core to it
     op.redispatchBoxed(keys, stack);
   }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
@@ -1543,6 +1545,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
+    TeamRegion region(alone && threads > 1 && k.large);  // the program thread yields its core to it
     k.op->redispatchBoxed(k.keys, &stack);
   }
   if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))

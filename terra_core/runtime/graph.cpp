@@ -197,6 +197,8 @@ nlohmann::json stats_json(const Graph& g) {
           {"ops_dispatched_top", top},
           {"fetches", g.fetches},
           {"host_ops", g.host_ops},
+          {"yields_to_parallel_regions", g.yields_to_parallel_regions},
+          {"yielded_seconds", g.yielded_seconds},
           {"grad_reads_direct", g.grad_reads_direct},
           {"fallbacks", g.fallbacks.size()},
           {"traced_seconds", g.traced_seconds},

@@ -88,6 +88,10 @@ struct Graph {
   // PyTorch's binding and the dispatcher (those are counted per node: Node::dispatched).
   uint64_t ops_fast = 0;
   uint64_t placeholders_reused = 0;  // outputs handed out as a dropped placeholder (PythonRunner::reuse_)
+  // Co-executed ops before which the program thread slept through a parallel region of the
+  // GraphRunner's (openmp_team.h, TeamRegion), and how long in all.
+  uint64_t yields_to_parallel_regions = 0;
+  double yielded_seconds = 0;
   std::vector<Fallback> fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -144,6 +145,36 @@ bool openmp_workers_spinning() {
   return now - t_region_ns < kWorkerSpinNs;
 }
 
+
+static_assert(sizeof(std::atomic<int>) == sizeof(int) && std::atomic<int>::is_always_lock_free,
+              "a futex word");
+std::atomic<int> TeamRegion::state_{0};
+std::atomic<int> TeamRegion::sleepers_{0};
+std::atomic<uint64_t> TeamRegion::waits_{0};
+
+TeamRegion::TeamRegion(bool open) : open_(open) {
+  if (open_) state_.store(1, std::memory_order_seq_cst);
+}
+
+TeamRegion::~TeamRegion() {
+  if (!open_) return;
+  // seq_cst both: a sleeper counted after this load found the state 0 in its futex call.
+  state_.store(0, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) != 0)
+    syscall(SYS_futex, reinterpret_cast<int*>(&state_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+void TeamRegion::wait_out() {
+  if (!is_open()) return;
+  waits_.fetch_add(1, std::memory_order_relaxed);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  // The futex call sleeps only while the state is still 1; the timeout bounds a wake-up lost to
+  // anything unforeseen (a region is a kernel's length: microseconds to milliseconds).
+  const timespec bound{0, 2'000'000};
+  while (state_.load(std::memory_order_seq_cst) != 0)
+    syscall(SYS_futex, reinterpret_cast<int*>(&state_), FUTEX_WAIT_PRIVATE, 1, &bound, nullptr, 0);
+  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+}
 
 namespace {
 

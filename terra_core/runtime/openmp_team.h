@@ -31,6 +31,7 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -133,6 +134,40 @@ void lower_openmp_workers(int nice);
 // Lowers the calling thread's workers for a region of `threads` threads now, if they may be new
 // (the pool was released or grows); a thread-local compare otherwise.
 void ready_openmp_workers(int threads);
+
+// A parallel region of the GraphRunner's is open: the program thread gives its core up for it.
+//
+// Co-executing on two cores, the GraphRunner's parallel regions share the second core between
+// its OpenMP worker and the program thread's Python, and the worker runs `lower_openmp_workers`
+// steps below it: a region started while the program runs Python waits at its closing barrier
+// until the scheduler gives the worker the core. Kernels whose bits need the program's thread
+// count run such regions whatever the program does (layer_norm's backward splits its weight
+// gradients per thread): on gpt, forced co-execution, the GraphRunner's master waited at that
+// barrier for 14% of the process's samples (eager's main thread: 2%), 12 of them in the five
+// layer_norm backwards per step, on a GraphRunner busy for the whole step.
+//
+// So the GraphRunner opens a TeamRegion around each kernel it runs with more than one thread on
+// tensors large enough for a parallel region, and the program thread, at its next op
+// (wait_out_team_region, an atomic load when none is open), sleeps until it closes: the worker
+// takes the core at once and the program loses the few microseconds the region has left. A
+// region the program is already waiting through (RecordedKernel::spread) costs it nothing.
+class TeamRegion {
+ public:
+  explicit TeamRegion(bool open);  // GraphRunner thread; nothing happens when `open` is false
+  ~TeamRegion();
+  TeamRegion(const TeamRegion&) = delete;
+  TeamRegion& operator=(const TeamRegion&) = delete;
+  static bool is_open() { return state_.load(std::memory_order_relaxed) != 0; }
+  // Program thread: returns once no region is open, asleep meanwhile (a futex on the state).
+  static void wait_out();
+  static uint64_t waits() { return waits_.load(std::memory_order_relaxed); }  // wait_out calls that slept
+
+ private:
+  bool open_;
+  static std::atomic<int> state_;     // 1 while a region is open
+  static std::atomic<int> sleepers_;  // program threads asleep in wait_out
+  static std::atomic<uint64_t> waits_;
+};
 
 // The CPU time one thread's OpenMP workers have taken, read from another thread: the program
 // thread weighs the GraphRunner's spinning workers against sleeping ones by it

@@ -1214,6 +1214,15 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     *stack = std::move(returns);
     return;
   }
+  if (TeamRegion::is_open()) {  // a parallel region of the GraphRunner's wants this core
+    const int64_t start = now_ns();
+    {
+      GilReleased unlocked;
+      TeamRegion::wait_out();
+    }
+    ++graph_->yields_to_parallel_regions;
+    graph_->yielded_seconds += static_cast<double>(now_ns() - start) * 1e-9;
+  }
   const bool wait_done = prepare_arguments(t, stack);
   if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();

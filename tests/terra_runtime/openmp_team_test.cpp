@@ -172,5 +172,41 @@ TEST(OpenMPTeam, WorkerCpuCountsTheThreadsItsOwnerMadeAndNoOthers) {
   EXPECT_LT(after - before, 0.06);
 }
 
+TEST(OpenMPTeam, AProgramThreadSleepsThroughAnOpenRegionAndNoLonger) {
+  TeamRegion::wait_out();  // none open: returns at once
+  EXPECT_FALSE(TeamRegion::is_open());
+  const uint64_t waits = TeamRegion::waits();
+  std::atomic<int> stage{0};
+  std::atomic<bool> closed{false}, returned{false};
+  bool closed_when_returned = false;
+  std::thread runner([&] {
+    {
+      TeamRegion region(true);
+      stage = 1;
+      wait_until(stage, 2);  // the program thread is on its way into wait_out
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      EXPECT_FALSE(returned.load());  // still asleep while the region is open
+      closed = true;
+    }
+    EXPECT_FALSE(TeamRegion::is_open());
+  });
+  std::thread program([&] {
+    wait_until(stage, 1);
+    EXPECT_TRUE(TeamRegion::is_open());
+    stage = 2;
+    TeamRegion::wait_out();
+    closed_when_returned = closed.load();
+    returned = true;
+  });
+  runner.join();
+  program.join();
+  EXPECT_TRUE(closed_when_returned);
+  EXPECT_EQ(TeamRegion::waits(), waits + 1);
+  {
+    TeamRegion none(false);  // a kernel on one thread opens nothing
+    EXPECT_FALSE(TeamRegion::is_open());
+  }
+}
+
 }  // namespace
 }  // namespace terra::runtime
