@@ -1440,9 +1440,9 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     spread_ += spreads;
     OneThread threads(k.one_thread && !spreads);
     bound_one_thread_ += threads.active();
-    const bool parallel = !threads.active() && k.large && at::get_num_threads() > 1;
-    if (parallel) note_parallel_region();
-    TeamRegion region(parallel);  // the program thread yields its core to it
+    const bool parallel = !threads.active() && at::get_num_threads() > 1;
+    if (parallel && k.large) note_parallel_region();
+    TeamRegion region(parallel && (k.large || !k.one_thread));  // as in run_kernel
     op.redispatchBoxed(keys, stack);
   }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
@@ -1545,7 +1545,10 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
-    TeamRegion region(alone && threads > 1 && k.large);  // the program thread yields its core to it
+    // The program thread yields its core to a parallel region: a large kernel's, or one whose bits
+    // need the thread count (it splits its work by thread whatever its size: layer_norm's backward
+    // on 16k elements, below the grain size `large` is measured by).
+    TeamRegion region(alone && threads > 1 && (k.large || !k.one_thread));
     k.op->redispatchBoxed(k.keys, &stack);
   }
   if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))
