@@ -146,11 +146,12 @@ void ready_openmp_workers(int threads);
 // barrier for 14% of the process's samples (eager's main thread: 2%), 12 of them in the five
 // layer_norm backwards per step, on a GraphRunner busy for the whole step.
 //
-// So the GraphRunner opens a TeamRegion around each kernel it runs with more than one thread on
-// tensors large enough for a parallel region, and the program thread, at its next op
-// (wait_out_team_region, an atomic load when none is open), sleeps until it closes: the worker
-// takes the core at once and the program loses the few microseconds the region has left. A
-// region the program is already waiting through (RecordedKernel::spread) costs it nothing.
+// So the GraphRunner opens a TeamRegion around each kernel it replays or binds with more than one
+// thread that runs a parallel region (on tensors of the grain size, or splitting its work by thread
+// whatever its size: one whose bits need the count), and the program thread, at its next issued op
+// (`wait_out`, after an atomic load that finds none open nearly always), sleeps until it closes:
+// the worker takes the core at once and the program loses what the region has left. A region the
+// program is already waiting through (RecordedKernel::spread) costs it nothing.
 class TeamRegion {
  public:
   explicit TeamRegion(bool open);  // GraphRunner thread; nothing happens when `open` is false
@@ -160,7 +161,7 @@ class TeamRegion {
   static bool is_open() { return state_.load(std::memory_order_relaxed) != 0; }
   // Program thread: returns once no region is open, asleep meanwhile (a futex on the state).
   static void wait_out();
-  static uint64_t waits() { return waits_.load(std::memory_order_relaxed); }  // wait_out calls that slept
+  static uint64_t waits() { return waits_.load(std::memory_order_relaxed); }  // wait_out calls that found one open
 
  private:
   bool open_;
