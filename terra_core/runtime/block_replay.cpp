@@ -115,6 +115,12 @@ c10::WarningHandler& discarded_warnings() {
 }
 bool large_for_threads(const c10::IValue& v);
 
+// Whether a kernel run with more than one intra-op thread opens a parallel region the program
+// thread should yield its core to (TeamRegion): a large one, or one whose bits need the thread
+// count, which splits its work by thread whatever its size (layer_norm's backward on 16k
+// elements, below the grain size `large` is measured by).
+bool opens_region(const RecordedKernel& k) { return k.large || !k.one_thread; }
+
 // A kernel call the hook handles: the calls it makes pass through.
 struct Nested {
   Nested() { ++t_depth; }
@@ -1442,7 +1448,7 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     bound_one_thread_ += threads.active();
     const bool parallel = !threads.active() && at::get_num_threads() > 1;
     if (parallel && k.large) note_parallel_region();
-    TeamRegion region(parallel && (k.large || !k.one_thread));  // as in run_kernel
+    TeamRegion region(parallel && opens_region(k));
     op.redispatchBoxed(keys, stack);
   }
   for (uint32_t o = 0; o < k.outs; ++o) table_[k.first_out + o] = (*stack)[stack->size() - k.outs + o];
@@ -1545,10 +1551,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
-    // The program thread yields its core to a parallel region: a large kernel's, or one whose bits
-    // need the thread count (it splits its work by thread whatever its size: layer_norm's backward
-    // on 16k elements, below the grain size `large` is measured by).
-    TeamRegion region(alone && threads > 1 && (k.large || !k.one_thread));
+    TeamRegion region(alone && threads > 1 && opens_region(k));
     k.op->redispatchBoxed(k.keys, &stack);
   }
   if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))

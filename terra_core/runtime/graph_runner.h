@@ -322,6 +322,8 @@ class GraphRunner {
   static constexpr uint64_t kNoHold = UINT64_MAX;
   alignas(kLine) std::atomic<uint64_t> hold_{kNoHold};
   std::atomic<bool> failed_{false};
+  // Beside `failed_`: the program thread reads both at every op (one line).
+  std::atomic<bool> has_warnings_{false};
   // The runner thread's c10 warning handler: keeps each warning with the item being executed
   // (the one after `done_`), found only when a warning comes: nothing is written per item here,
   // on the line of `failed_`, which the program thread reads at every op.
@@ -331,7 +333,6 @@ class GraphRunner {
   } warning_capture_;
   std::mutex warnings_mutex_;
   std::vector<RunnerWarning> warnings_;
-  std::atomic<bool> has_warnings_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> active_{false};
   RunnerError error_;
