@@ -30,6 +30,7 @@ namespace {
 nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
   return {{"iterations_replayed", c.iterations}, {"items_replayed", c.items},
           {"kernels_replayed", c.kernels},       {"blocks_recorded", c.recorded},
+          {"blocks_chosen_by_path", c.chosen},
           {"blocks_one_thread", c.one_thread},   {"blocks_refused", c.refused},
           {"replay_refusal", c.last_refusal},    {"items_bound", c.bound},
           {"replays_left", c.left},              {"replay_left_why", c.last_left},

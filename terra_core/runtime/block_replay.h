@@ -251,6 +251,12 @@ class BlockReplayer {
  public:
   void start(const Block& block);
   void finish();  // drops what the table still holds
+  // Points `follows` and `grads_as_recorded` at `block` without starting it (nothing of this
+  // iteration replayed yet): GraphRunner::choose asks each of several blocks.
+  void consider(const Block& block) {
+    block_ = &block;
+    next_ = 0;
+  }
   // Whether `item` (issued as `seq`) can be item `index` of the block: same graph, node and kind,
   // its Python numbers as guarded, its tensors aliasing as recorded and, where the block's
   // backward consumes its history (and for that backward), made where the recorded ones were.

@@ -106,13 +106,30 @@ void fill_output(WorkItem& item, size_t k, const at::Tensor& value) {
 
 // The blocks recorded so far and the iteration being recorded or replayed (GraphRunner thread).
 struct BlockStore {
-  struct Entry {
+  // One path through the iteration: a block recorded from it.
+  struct Path {
     std::unique_ptr<Block> block;
+    int misses = 0;  // consecutive iterations that left the block (then it is dropped)
+    uint64_t uses = 0, last_used = 0;  // replays begun; the iteration of the last (an LRU clock)
+  };
+  // The blocks of one iteration start. A loop whose iterations take one of several paths, chosen
+  // by Python from a draw or from the data (stochastic depth: the residual blocks a step skips;
+  // stochastic downsampling: where it pools), keeps a block per path, up to kMaxPaths, and
+  // chooses by looking ahead at the items issued (GraphRunner::choose): one block per start was
+  // left at the first skipped layer by most iterations and recorded again every kMaxMisses, and
+  // such programs never replayed (bench/programs/stochastic_depth: 0 of 112 iterations, forced
+  // co-execution at 1.8x eager's step time).
+  struct Entry {
+    std::vector<Path> paths;
     int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
-    int misses = 0;    // consecutive iterations that left the block (then it is recorded again)
+    // An iteration left a block where the program took another path: later ones look ahead and
+    // choose among the paths (or record theirs).
+    bool several = false;
+    int unused_dropped = 0;  // paths dropped never replayed: at kMaxPaths, no more are recorded
   };
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;
+  static constexpr size_t kMaxPaths = 16;
   static constexpr size_t kMaxEntries = 4096;
   // By the iteration's first item (graph, node, kind) and its second item's node: the branches of
   // a loop that alternates them (a GAN's generator and discriminator steps) mostly begin with the
@@ -145,6 +162,10 @@ struct BlockStore {
   uint64_t iteration = ~uint64_t{0};
   uint64_t graph = 0;  // Graph::serial of the iteration's items
   Entry* entry = nullptr;
+  int path = -1;           // the replayed path of `entry`
+  bool choosing = false;   // `entry` has several paths: the first item chooses (GraphRunner::choose)
+  std::vector<uint32_t> alive;  // choose: the paths that still follow (scratch)
+  uint64_t iterations_started = 0;  // the LRU clock of Path::last_used
   std::unique_ptr<BlockRecorder> recorder;
   BlockReplayer replayer;
   // Sequence numbers of the block's items known to follow it (replayed or looked ahead at), and
@@ -169,6 +190,32 @@ struct BlockStore {
     replayer.finish();
     state = State::PerOp;
     entry = nullptr;
+    path = -1;
+    choosing = false;
+  }
+  void replay_path(int i) {
+    Path& p = entry->paths[static_cast<size_t>(i)];
+    path = i;
+    ++p.uses;
+    p.last_used = iterations_started;
+    replayer.start(*p.block);
+    state = State::Replaying;
+  }
+  // Keeps a recorded path: where the entry is full, in place of the least recently replayed one.
+  void add_path(std::unique_ptr<Block> block) {
+    auto& paths = entry->paths;
+    if (paths.size() < kMaxPaths) {
+      paths.push_back({std::move(block), 0, 0, iterations_started});
+      return;
+    }
+    auto lru = std::min_element(paths.begin(), paths.end(),
+                                [](const Path& a, const Path& b) { return a.last_used < b.last_used; });
+    entry->unused_dropped += lru->uses == 0;
+    *lru = {std::move(block), 0, 0, iterations_started};
+  }
+  // Whether an iteration that follows none of the entry's paths records its own.
+  bool records_new_path() const {
+    return entry->refusals < kMaxRefusals && entry->unused_dropped < static_cast<int>(kMaxPaths);
   }
 };
 
@@ -420,6 +467,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.items += c.items;
     total.kernels += c.kernels;
     total.recorded += c.recorded;
+    total.chosen += c.chosen;
     total.one_thread += c.one_thread;
     total.checked += c.checked;
     total.verdicts_reused += c.verdicts_reused;
@@ -493,13 +541,86 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
       b.forks.count(b.first) ? second_node(item, seq) : BlockStore::kNoSecond;
   BlockStore::Entry& e = b.entries[{item.graph, item.node, static_cast<int>(item.kind), second}];
   b.entry = &e;
-  if (e.block) {
-    b.replayer.start(*e.block);
-    b.state = BlockStore::State::Replaying;
+  ++b.iterations_started;
+  if (e.several && !e.paths.empty()) {
+    b.choosing = true;  // the first item chooses (choose)
+  } else if (!e.paths.empty()) {
+    b.replay_path(0);
   } else if (e.refusals < BlockStore::kMaxRefusals) {
-    b.recorder = std::make_unique<BlockRecorder>(item.graph, accelerator_blocks_.load(std::memory_order_relaxed));
-    b.state = BlockStore::State::Recording;
+    start_recording(item.graph);
   }
+}
+
+void GraphRunner::start_recording(uint64_t graph) {
+  BlockStore& b = *blocks_;
+  b.recorder = std::make_unique<BlockRecorder>(graph, accelerator_blocks_.load(std::memory_order_relaxed));
+  b.state = BlockStore::State::Recording;
+}
+
+void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
+  // Looks ahead at the items issued, without running any, until one path is left, or none (this
+  // iteration's path is new: it is recorded from its first item, which has not run yet), or the
+  // iteration's end, or the program waits for this thread (it issues nothing more until then:
+  // the most used path still following is replayed, and left where it stops following). Each
+  // item is checked as replay's own look-ahead checks it, so the chosen block's items up to
+  // `seqs` are not checked again.
+  BlockStore& b = *blocks_;
+  b.choosing = false;
+  auto& paths = b.entry->paths;
+  b.alive.resize(paths.size());
+  for (uint32_t i = 0; i < paths.size(); ++i) b.alive[i] = i;
+  b.seqs.clear();
+  auto earlier = [&](uint32_t j) -> const WorkItem* {
+    return j < b.seqs.size() ? &ring_[(b.seqs[j] - 1) % ring_.size()] : nullptr;
+  };
+  bool ended = false;  // the whole iteration was looked at
+  uint64_t s = seq;
+  const WorkItem* w = &item;
+  while (true) {
+    if (w->kind == OpKind::EndIteration || w->iteration != item.iteration) {
+      ended = true;
+      break;
+    }
+    if (w->kind != OpKind::ReleaseTeam && w->kind != OpKind::ClearAutocastCache) {
+      const auto j = static_cast<uint32_t>(b.seqs.size());
+      auto stays = [&](uint32_t i) {
+        b.replayer.consider(*paths[i].block);
+        return b.replayer.follows(j, *w, s, b.seqs, earlier) &&
+               (w->kind != OpKind::Backward || b.replayer.grads_as_recorded(j, earlier));
+      };
+      std::vector<uint32_t>& alive = b.alive;
+      const auto kept = std::stable_partition(alive.begin(), alive.end(), stays);
+      if (kept == alive.begin() && w->kind == OpKind::GradRead && s != seq) {
+        // A read the paths lack (extra_grad_read): replay runs it in its place.
+      } else {
+        alive.erase(kept, alive.end());
+        if (alive.empty()) break;
+        b.seqs.push_back(s);
+      }
+      if (alive.size() == 1 && w->kind == OpKind::Backward) break;  // replay looks on itself
+    }
+    if (!await_published(++s)) break;
+    w = &ring_[(s - 1) % ring_.size()];
+  }
+  b.scanned = b.seqs.empty() ? 0 : b.seqs.back();
+  if (ended) {  // only a path that ends here matches the whole iteration
+    b.alive.erase(std::remove_if(b.alive.begin(), b.alive.end(),
+                                 [&](uint32_t i) { return paths[i].block->items.size() != b.seqs.size(); }),
+                  b.alive.end());
+  }
+  if (b.alive.empty()) {
+    b.replayer.finish();  // `consider` pointed it at a path
+    b.seqs.clear();
+    b.scanned = 0;
+    if (b.records_new_path()) start_recording(item.graph);
+    return;
+  }
+  const uint32_t chosen = *std::max_element(b.alive.begin(), b.alive.end(), [&](uint32_t x, uint32_t y) {
+    return paths[x].uses < paths[y].uses;
+  });
+  b.replay_path(static_cast<int>(chosen));
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  ++counts_[b.graph].chosen;
 }
 
 uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
@@ -525,9 +646,13 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     }
     // A block recorded under other gradient states is stale at once (the program's gradients
     // are kept across iterations now: it is recorded again).
-    if (b.entry && (++b.entry->misses >= BlockStore::kMaxMisses || stale)) {
-      b.entry->block.reset();
-      b.entry->misses = 0;
+    if (b.entry && b.path >= 0) {
+      auto& paths = b.entry->paths;
+      BlockStore::Path& left = paths[static_cast<size_t>(b.path)];
+      if (stale || ++left.misses >= BlockStore::kMaxMisses) paths.erase(paths.begin() + b.path);
+      // The program took another path here: from now on this start chooses among its paths.
+      b.entry->several = b.entry->several || !stale;
+      b.path = -1;
     }
     b.replayer.finish();
     b.state = BlockStore::State::PerOp;
@@ -638,16 +763,16 @@ void GraphRunner::end_iteration() {
         c.not_one_thread = block->not_one_thread;
         c.program_count_kernels = block->program_count_kernels;
       }
-      b.entry->block = std::move(block);
+      b.add_path(std::move(block));
       ++c.recorded;
     } else {
       ++b.entry->refusals;
       ++c.refused;
       c.last_refusal = b.recorder->why();
     }
-  } else if (b.state == BlockStore::State::Replaying && b.entry &&
+  } else if (b.state == BlockStore::State::Replaying && b.entry && b.path >= 0 &&
              b.replayer.next() == b.replayer.block()->items.size()) {
-    b.entry->misses = 0;
+    b.entry->paths[static_cast<size_t>(b.path)].misses = 0;
     std::lock_guard<std::mutex> lock(counts_mutex_);
     ++counts_[b.graph].iterations;
   }
@@ -811,6 +936,7 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   if (item.inference_mode) inference.emplace();
   BlockStore& b = *blocks_;
   if (item.iteration != b.iteration) start_iteration(item, seq);
+  if (b.choosing) choose(item, seq);
   if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
   if (b.state == BlockStore::State::Recording) {
     use_threads(item.num_threads);

@@ -224,6 +224,7 @@ class GraphRunner {
     uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
     uint32_t program_count_kernels = 0;  // how many of its kernels did (Block::program_count_kernels)
+    uint64_t chosen = 0;      // iterations that chose their block among several paths (choose)
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;
     uint64_t bound = 0;       // items run through autograd with their kernels bound to a block
@@ -266,6 +267,10 @@ class GraphRunner {
   bool bind(WorkItem& item, BlockStore& b, bool alone = false);
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
+  // Block replay: of the iteration starting with `item`, at an entry with several paths, which
+  // path's block to replay (or, none following, whether to record this one's).
+  void choose(const WorkItem& item, uint64_t seq);
+  void start_recording(uint64_t graph);
   void flush_counts();                        // the iteration's tallies into counts_
   void use_threads(int n);                    // intra-op threads for the next kernels
   // GraphRunner thread: grad mode as the next kernels need it; only this function changes it

@@ -5,6 +5,7 @@ the same process, bitwise, and checks from the graph's counters that replay did 
 import contextlib
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -409,6 +410,44 @@ def test_branches_that_begin_with_the_same_op_each_replay_their_own_block():
     assert s["iterations_replayed"] >= 25, s
 
 
+def three_ways(steps):
+    """Each step takes one of three paths, drawn by Python's random (as stochastic downsampling
+    picks where to pool): the same parameters every time, the ops after the hidden layer differ."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(32, 8), torch.randn(32, 4)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        h = model[1](model[0](x))
+        way = rng.randrange(3)
+        if way == 1:
+            h = h * 0.5
+        elif way == 2:
+            h = torch.relu(h).sin()
+        loss = torch.nn.functional.mse_loss(model[2](h), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    state = [p.detach() for p in model.parameters()] + losses
+    return state + [s["momentum_buffer"] for s in opt.state.values()]
+
+
+def test_a_loop_of_several_paths_replays_a_block_per_path_chosen_by_looking_ahead():
+    terra.config(adaptive=False, max_divergences=100)
+    eager = three_ways(80)
+    coexec = terra.run(three_ways, 80)
+    assert len(eager) == len(coexec) and all(torch.equal(a, b) for a, b in zip(eager, coexec))
+    s = terra.stats("three_ways")
+    assert s["blocks_recorded"] >= 3, s
+    # One block per start was left by every iteration that took another path than the last
+    # recorded one (about two in three), and recorded again after every kMaxMisses.
+    assert s["blocks_chosen_by_path"] >= 30, s
+    assert s["iterations_replayed"] >= 0.6 * s["iterations_coexecuted"], s
+
+
 # In a fresh process with two OpenMP threads and MKL's dynamic threading left on (no
 # torch.set_num_threads, which turns it off): small elementwise kernels and small matmuls give the
 # same bits with one thread, so the recorded block is replayed with one.
@@ -629,4 +668,7 @@ def test_a_block_is_left_where_a_tensor_was_made_by_another_item_than_recorded()
     assert torch.equal(eager[0], coexec[0])
     assert all(torch.equal(a, b) for a, b in zip(eager[1], coexec[1]))
     s = terra.stats("rerouted")
-    assert s["iterations_replayed"] >= 3 and s["replays_left"] >= 3, s
+    # The second loss's iterations do not follow the first's block: they leave it, or (once a
+    # block of theirs is recorded, the start having several paths) look ahead and choose theirs.
+    assert s["iterations_replayed"] >= 3 and s["blocks_recorded"] >= 2, s
+    assert s["replays_left"] + s["blocks_chosen_by_path"] >= 3, s
