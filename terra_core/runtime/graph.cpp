@@ -130,6 +130,7 @@ void Graph::record_path(std::vector<uint32_t>& path) {
 nlohmann::json payoff_json(const terra::Payoff& p) {
   const char* phase = p.phase() == terra::Payoff::Phase::MeasureCoExec  ? "timing co-execution"
                       : p.phase() == terra::Payoff::Phase::MeasureEager ? "timing eager execution"
+                      : p.phase() == terra::Payoff::Phase::Pairing      ? "timing both in alternating blocks"
                                                                         : "holding";
   nlohmann::json loops = nlohmann::json::array();
   for (const auto& l : p.loops())

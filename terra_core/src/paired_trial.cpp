@@ -30,7 +30,7 @@ PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
     verdict_ = ratio > 1.0 ? Verdict::KeepA : Verdict::TakeB;
   } else if (static_cast<int>(ratios_.size()) == kPairs) {
     std::vector<double> sorted = ratios_;
-    verdict_ = median_in_place(sorted.begin(), sorted.end()) < kGain ? Verdict::TakeB : Verdict::KeepA;
+    verdict_ = median_in_place(sorted.begin(), sorted.end()) < gain_ ? Verdict::TakeB : Verdict::KeepA;
   }
   return verdict_;
 }

@@ -47,6 +47,13 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
     if (--hold_left_ <= 0) start(choice_eager_ ? Phase::MeasureCoExec : Phase::MeasureEager);
     return;
   }
+  if (phase_ == Phase::Pairing) {
+    if (loop != pair_loop_) return;  // blocks of one loop's iterations only
+    const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
+    if (verdict != PairedTrial::Verdict::Running)
+      decide(verdict == PairedTrial::Verdict::TakeB, totals(false), check_budget);
+    return;
+  }
   ++iterations_;
   if (clean && eager == (phase_ == Phase::MeasureEager)) ++samples_;
   if (samples_ >= kQuick && clear_winner(margin, check_budget)) return;
@@ -60,7 +67,26 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   const Totals t = totals(false);
   // No loop was timed both ways: keep co-executing (it is what the program asked for).
   const double limit = t.eager * (1.0 + margin);
-  decide(t.weight > 0 && t.coexec > limit, t, check_budget);
+  const bool eager_faster = t.weight > 0 && t.coexec > limit;
+  // Not clear (clear_winner did not decide): a first choice, or a change of it, is paired.
+  if (t.weight > 0 && (checks_ == 0 || eager_faster != choice_eager_)) {
+    start_pairing(margin);
+    return;
+  }
+  decide(eager_faster, t, check_budget);
+}
+
+void Payoff::start_pairing(double margin) {
+  uint64_t most = 0;
+  for (const auto& [id, l] : loops_) {
+    if (l.coexec.n > 0 && l.eager.n > 0 && l.iterations > most) {
+      most = l.iterations;
+      pair_loop_ = id;
+    }
+  }
+  pairing_ = PairedTrial(1.0 / (1.0 + margin));  // co-execution kept within the margin
+  phase_ = Phase::Pairing;
+  samples_ = iterations_ = 0;
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {

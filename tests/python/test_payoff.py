@@ -178,8 +178,9 @@ def test_coexecuted_iterations_are_timed_until_the_graph_runner_has_run_them():
     # a thousand times faster than eager; its throughput is the GraphRunner's, the same kernels.
     terra.config(adaptive=True)
     w, x = torch.randn(256, 256) * 0.06, torch.randn(256, 256)
-    got = terra.run(matmul_chain, w, x, 40)
-    assert torch.equal(got, matmul_chain(w, x, 40))
+    # Long enough for a check that is not clear at first (the two modes alternate in blocks).
+    got = terra.run(matmul_chain, w, x, 120)
+    assert torch.equal(got, matmul_chain(w, x, 120))
     payoff = terra.stats("matmul_chain")["payoff"]
     assert payoff["checks"] >= 1, payoff
     # The bug made co-execution look about 1000x faster. Not 0.5x: both are single samples on a

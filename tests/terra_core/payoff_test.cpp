@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 namespace terra::test {
 namespace {
 
@@ -47,6 +49,10 @@ TEST(Payoff, MeasuresCoExecutionThenEagerThenHoldsTheFaster) {
   d.run(Payoff::kSamples, 1.0, 1.1);
   EXPECT_EQ(p.checks(), 0u);
   d.run(1, 1.0, 1.1);
+  // Not clear: the two modes alternate in blocks (co-execution first) until the pairs decide.
+  EXPECT_EQ(p.phase(), Payoff::Phase::Pairing);
+  EXPECT_FALSE(p.eager());
+  until_check(d, 1.0, 1.1);
   EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_FALSE(p.eager());
@@ -132,10 +138,64 @@ TEST(Payoff, AHoldIsLongEnoughThatItsReCheckCostsLittle) {
 
 TEST(Payoff, MarginFavoursCoExecution) {
   Driver keep, drop;
-  keep.run(2 * Payoff::kSamples + 1, 1.2, 1.0, /*margin=*/0.25);
-  drop.run(2 * Payoff::kSamples + 1, 1.2, 1.0, /*margin=*/0.1);
+  for (int i = 0; i < 1000 && keep.p.checks() == 0; ++i) keep.run(1, 1.2, 1.0, /*margin=*/0.25);
+  for (int i = 0; i < 1000 && drop.p.checks() == 0; ++i) drop.run(1, 1.2, 1.0, /*margin=*/0.1);
   EXPECT_FALSE(keep.p.choice_eager());
   EXPECT_TRUE(drop.p.choice_eager());
+}
+
+// Iterations in whatever mode the Payoff asks for, each taking time(eager, i) (a drifting host).
+int until_check_with(Payoff& p, bool& last, int& i, const std::function<double(bool, int)>& time,
+                     int limit = 1000) {
+  const uint32_t checks = p.checks();
+  int eager_runs = 0;
+  for (int n = 0; p.checks() == checks && n < limit; ++n, ++i) {
+    const bool eager = p.eager();
+    eager_runs += eager;
+    p.record(1, eager, eager == last, time(eager, i), 0.0);
+    last = eager;
+  }
+  return eager_runs;
+}
+
+TEST(Payoff, AnUnclearFirstCheckIsDecidedByAlternatingBlocksWhichCancelTheHostsDrift) {
+  // Co-execution 10% faster, but the host runs 30% slower while co-execution is first timed:
+  // a phase of each in turn would choose eager execution (1.17 against 1.0).
+  Payoff p;
+  bool last = false;
+  int i = 0;
+  auto time = [](bool eager, int i) { return (eager ? 1.0 : 0.9) * (i < Payoff::kSamples ? 1.3 : 1.0); };
+  until_check_with(p, last, i, time);
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_FALSE(p.choice_eager());
+  // Eager execution 10% faster on a steady host: the pairs take it.
+  Payoff q;
+  last = false;
+  i = 0;
+  until_check_with(q, last, i, [](bool eager, int) { return eager ? 0.9 : 1.0; });
+  EXPECT_TRUE(q.choice_eager());
+}
+
+TEST(Payoff, AReCheckThatConfirmsTheChoiceIsNotPaired) {
+  Payoff p;
+  bool last = false;
+  int i = 0;
+  auto time = [](bool eager, int) { return eager ? 1.1 : 1.0; };
+  until_check_with(p, last, i, time);
+  ASSERT_FALSE(p.choice_eager());
+  ASSERT_EQ(p.phase(), Payoff::Phase::Hold);
+  // The hold, then eager execution timed again: it confirms co-execution, which is held longer.
+  bool paired = false;
+  const uint32_t checks = p.checks();
+  for (int n = 0; n < 1000 && p.checks() == checks; ++n, ++i) {
+    paired = paired || p.phase() == Payoff::Phase::Pairing;
+    const bool eager = p.eager();
+    p.record(1, eager, eager == last, time(eager, i), 0.0);
+    last = eager;
+  }
+  EXPECT_FALSE(paired);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * Payoff::kFirstHold);
 }
 
 TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {

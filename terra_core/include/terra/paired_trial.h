@@ -14,7 +14,7 @@
 // counted (the switch itself costs: an OpenMP pool made or released). Each pair gives t(B)/t(A)
 // from its blocks' mean iteration times. A first pair beyond kClear either way decides at once (a
 // clearly slower way costs kBlock iterations, not a whole trial); otherwise B is taken where the
-// median of kPairs pairs is below kGain.
+// median of kPairs pairs is below kGain (or the gain given).
 //
 // Plain C++ on plain numbers: the runtime feeds it co-executed iteration times (PythonRunner).
 #pragma once
@@ -37,6 +37,10 @@ class PairedTrial {
 
   enum class Verdict : uint8_t { Running, KeepA, TakeB };
 
+  PairedTrial() = default;
+  // `gain`: B is taken where the median pair's t(B)/t(A) is below it (kGain by default).
+  explicit PairedTrial(double gain) : gain_(gain) {}
+
   // Whether the next iteration runs way B (until a verdict; after it, whether B was taken).
   bool b() const { return verdict_ == Verdict::Running ? block_is_b(block_) : verdict_ == Verdict::TakeB; }
   // An iteration ran the way b() said and took `seconds`. `clean`: it measured that way alone (ran
@@ -50,6 +54,7 @@ class PairedTrial {
  private:
   static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...
 
+  double gain_ = kGain;
   Verdict verdict_ = Verdict::Running;
   int block_ = 0, in_block_ = 0, counted_ = 0, iterations_ = 0;
   double sum_ = 0;

@@ -27,8 +27,18 @@
 // for the switch, at the last check's times) costs at most kCheckBudget of the hold's time: after
 // co-execution measured 4.5x slower, that is 500 iterations, not 32.
 //
+// The host's speed drifts by 10-30% over seconds (terra/paired_trial.h), so a phase of each mode
+// in turn decided by the drift where the two were close: gpt, whose co-execution won by 7-20% in
+// side-by-side blocks, co-executed 24 to 429 of 447 iterations by the luck of its first checks.
+// So a check that is not clear (no factor kClear either way) and would begin or change the
+// choice times the two modes in alternating blocks (Phase::Pairing, a PairedTrial of co-execution
+// as A and eager execution as B, over the loop that runs most), and that decides. A check that
+// confirms the choice holds it without pairing: in a steady program, re-checks cost what they did.
+//
 // Plain C++ on plain numbers: the runtime feeds it iteration times and asks which mode is next.
 #pragma once
+
+#include "terra/paired_trial.h"
 
 #include <algorithm>
 #include <array>
@@ -42,7 +52,9 @@ class Payoff {
  public:
   static constexpr int kSamples = 6;          // clean iterations timed per measuring phase
   static constexpr int kQuick = 3;            // enough when one mode is faster by kClear
-  static constexpr double kClear = 1.25;
+  // Sequential phases see the host's drift too: at 1.25, gpt's first check found co-execution
+  // clearly slower on three eager samples (12.5 ms against 10) that later ran at 8-9.
+  static constexpr double kClear = 1.5;
   static constexpr int64_t kFirstHold = 32;   // iterations a new choice runs before a re-check
   static constexpr int64_t kHoldGrowth = 4;   // each confirming check holds this much longer
   static constexpr int64_t kMaxHold = 8192;
@@ -50,10 +62,13 @@ class Payoff {
   // Iterations to hold the faster mode (per-iteration times `fast` and `slow`) so that a re-check
   // costs at most `budget` of the hold's time; at least `base`, at most kMaxHold.
   static int64_t hold_for(int64_t base, double fast, double slow, double budget = kCheckBudget);
-  enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Hold };
+  enum class Phase : uint8_t { MeasureCoExec, MeasureEager, Pairing, Hold };
 
   // Whether the graph's next iteration should run eagerly.
-  bool eager() const { return phase_ == Phase::MeasureEager || (phase_ == Phase::Hold && choice_eager_); }
+  bool eager() const {
+    return phase_ == Phase::MeasureEager || (phase_ == Phase::Hold && choice_eager_) ||
+           (phase_ == Phase::Pairing && pairing_.b());
+  }
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
   // mode and the iteration before it ran in the same mode. `margin`: co-execution is kept while
   // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
@@ -98,10 +113,13 @@ class Payoff {
   // `traced_for_eager`: loops not yet timed eagerly use their traced times instead.
   Totals totals(bool traced_for_eager) const;
   void start(Phase phase);
+  void start_pairing(double margin);
   bool clear_winner(double margin, double check_budget);  // decides early if one mode is clearly faster
   void decide(bool eager, const Totals& t, double check_budget);
 
   std::unordered_map<uint64_t, Loop> loops_;
+  PairedTrial pairing_;     // Phase::Pairing: A co-executed, B eager
+  uint64_t pair_loop_ = 0;  // the loop whose iterations the pairing times
   Phase phase_ = Phase::MeasureCoExec;
   bool choice_eager_ = false;
   bool measured_eager_ = false;
