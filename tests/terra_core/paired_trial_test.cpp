@@ -56,6 +56,18 @@ TEST(PairedTrial, KeepsAWhereBIsNotClearlyFaster) {
   EXPECT_EQ(slower.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
 }
 
+TEST(PairedTrial, AGainOfOneTakesBWhereverItIsFaster) {
+  // The payoff check's pairing (terra/payoff.h): eager execution (B) is taken wherever it is
+  // faster than co-execution (A) in the median pair, not only by kGain's 5%.
+  auto time = [](bool b, int i) { return (b ? 0.97 : 1.0) + (i % 3) * 0.01; };
+  PairedTrial t(1.0);
+  run(t, time);
+  EXPECT_EQ(t.verdict(), Verdict::TakeB);
+  PairedTrial by_default;
+  run(by_default, time);
+  EXPECT_EQ(by_default.verdict(), Verdict::KeepA);
+}
+
 TEST(PairedTrial, AFirstPairFarApartDecidesAtOnce) {
   PairedTrial slow_b;
   const auto ways = run(slow_b, [](bool b, int) { return b ? 1.5 : 1.0; });
