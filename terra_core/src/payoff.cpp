@@ -84,7 +84,8 @@ void Payoff::start_pairing(double margin) {
       pair_loop_ = id;
     }
   }
-  pairing_ = PairedTrial(1.0 / (1.0 + margin));  // co-execution kept within the margin
+  // Co-execution kept within the margin (a margin of -1 or less: never kept).
+  pairing_ = PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
   phase_ = Phase::Pairing;
   samples_ = iterations_ = 0;
 }
