@@ -230,6 +230,49 @@ TEST(BlockReplay, TheBackwardOfAnotherLossOfTheSameShapeLeavesTheBlock) {
   EXPECT_GE(c.left, 1u);
 }
 
+TEST(BlockReplay, AStartWithTwoPathsKeepsABlockForEachAndChoosesByLookingAhead) {
+  // Every third iteration takes path B (its loss adds where A's multiplies). One block per start
+  // was left by every B iteration and B was never recorded (GraphRunner::choose).
+  at::manual_seed(5);
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
+  const at::Tensor two = at::full({5, 3}, 2.0);
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 12; ++i) {
+    const bool b = i % 3 == 2;
+    {
+      eager.w.mutable_grad() = at::Tensor();
+      const at::Tensor h = eager.x.mm(eager.w);
+      torch::autograd::backward({(b ? h + two : h * two).sum()});
+      at::NoGradGuard no_grad;
+      eager.w.add_(eager.w.grad(), -0.1);
+    }
+    is.begin_iteration();
+    is.grad_write_none(coexec.w);
+    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
+    const at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    const at::Tensor m = b ? is.aten(op("aten::add", "Tensor"), {h, two, 1}, true, {h_like})[0]
+                           : is.aten(op("aten::mul", "Tensor"), {h, two}, true, {h_like})[0];
+    const at::Tensor loss = is.aten(op("aten::sum", ""), {m, c10::IValue()}, true, {h_like.sum()})[0];
+    is.backward(loss);
+    const at::Tensor g = is.grad_read(coexec.w, coexec.w.detach());
+    is.aten(op("aten::add_", "Tensor"), {coexec.w, g, -0.1}, false, {});
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_TRUE(same(eager.w.grad(), coexec.w.grad()));
+  const auto c = runner.replay_counts();
+  // A recorded at the first iteration, B at its second iteration (the first left A's block);
+  // every later iteration chose its own.
+  EXPECT_EQ(c.recorded, 2u) << c.last_refusal;
+  EXPECT_EQ(c.left, 1u) << c.last_left;
+  EXPECT_EQ(c.chosen, 8u);
+  EXPECT_EQ(c.iterations, 9u);
+}
+
 TEST(BlockReplay, GradientsAccumulateInPlaceAsInEager) {
   at::manual_seed(2);
   SgdProgram eager;
