@@ -50,8 +50,18 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   if (phase_ == Phase::Pairing) {
     if (loop != pair_loop_) return;  // blocks of one loop's iterations only
     const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
-    if (verdict != PairedTrial::Verdict::Running)
-      decide(verdict == PairedTrial::Verdict::TakeB, totals(false), check_budget);
+    if (verdict == PairedTrial::Verdict::Running) return;
+    // The times compared (explain's, hold_for's) say what the pairs said of the paired loop: the
+    // latest blocks of the two modes saw different moments of the host.
+    Totals t = totals(false);
+    std::vector<double> ratios = pairing_.ratios();  // t(eager) / t(co-executed)
+    const Loop& l = loops_[pair_loop_];
+    if (!ratios.empty() && l.coexec.n > 0 && l.eager.n > 0) {
+      const double ratio = median_in_place(ratios.begin(), ratios.end());
+      const double w = static_cast<double>(l.iterations);
+      t.coexec += w * (l.eager.median() / ratio - l.coexec.median());
+    }
+    decide(verdict == PairedTrial::Verdict::TakeB, t, check_budget);
     return;
   }
   ++iterations_;
