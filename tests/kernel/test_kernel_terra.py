@@ -255,6 +255,12 @@ def test_magics_report(kc):
                   "spin_line({'workers_asleep': True, 'payoff': {'checks': 1, 'choice': 'eager'}}))")
     assert "workers asleep: with them spinning, co-execution was slower" in line, line
     assert line.strip().endswith("None"), line
+    # And of one whose first checks could not tell the modes apart (terra/payoff.h's pairing).
+    line = ok(kc, "from terra_kernel.magics import payoff_line\n"
+                  "print(payoff_line({'phase': 'timing both in alternating blocks', 'checks': 0, 'choice': 'none yet'}), "
+                  "payoff_line({'phase': 'holding', 'checks': 1, 'choice': 'co-execute'}))")
+    assert "in alternating blocks" in line, line
+    assert line.strip().endswith("None"), line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
 

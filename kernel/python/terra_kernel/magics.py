@@ -330,9 +330,17 @@ def replay_line(stats):
     return "block replay: " + "; ".join(parts) if parts else None
 
 
+PAIRING = "timing both in alternating blocks"  # the payoff check's phase name (runtime/graph.cpp)
+
+
 def payoff_line(payoff):
     """What the payoff check decided for a graph, for explain; None before its first check or
-    while co-execution is kept."""
+    while co-execution is kept. While it times both modes in alternating blocks (a check it could
+    not tell from one phase of each), it says so: the timeline then shows eager and co-executed
+    iterations taking turns."""
+    if payoff.get("phase") == PAIRING:
+        return ("is being timed co-executed and eagerly in alternating blocks (one phase of each "
+                "was too close to tell on this host); the faster then runs")
     if payoff["checks"] == 0 or payoff["choice"] != "eager":
         return None
     return (f"runs eagerly: co-executed it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "
