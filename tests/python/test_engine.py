@@ -1562,6 +1562,11 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
     coexecuted_as_eager(layer_norm_steps, steps=20)
     terra.reset()  # the verdicts stay with the GraphRunner; the graph and its timings go
     s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120)
+    if s["workers_cpu_share"] < 0.1:
+        # The workers' share is measured: 0.2-0.28 alone on this machine, once under 0.1 (kWorkersCpuShare) within
+        # the whole suite, where no other way is tried (test_workers_that_took_no_cpu_are_not_tried_asleep). Once more.
+        terra.reset()
+        s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120)
     # A win's trial runs within the hold that follows it (which may outlast the 120 steps); a loss
     # is timed again after a short eager hold.
     assert s["payoff"]["checks"] >= (1 if coexec_wins else 2), s["payoff"]
