@@ -146,6 +146,28 @@ struct SgdProgram {
     at::NoGradGuard no_grad;
     w.add_(w.grad(), -lr);
   }
+  // One eager step whose loss is `loss_of(h)`, h = x @ w (gradients set to None first).
+  void eager_step_on(const std::function<at::Tensor(const at::Tensor&)>& loss_of, double lr = 0.1) {
+    w.mutable_grad() = at::Tensor();
+    torch::autograd::backward({loss_of(x.mm(w))});
+    at::NoGradGuard no_grad;
+    w.add_(w.grad(), -lr);
+  }
+  // The co-executed side's start of such a step: its iteration, the gradient set to None, and
+  // h = x @ w (its placeholder); `like` gets h's metadata.
+  at::Tensor issue_forward_start(Issuer& is, at::Tensor* like) {
+    is.begin_iteration();
+    is.grad_write_none(w);
+    *like = x.mm(w.detach()).requires_grad_();
+    return is.aten(op("aten::mm", ""), {x, w}, true, {*like})[0];
+  }
+  // And its end: the backward of `loss`, the gradient read and the update.
+  void issue_backward_and_update(Issuer& is, const at::Tensor& loss, double lr = 0.1) {
+    is.backward(loss);
+    const at::Tensor g = is.grad_read(w, w.detach());
+    is.aten(op("aten::add_", "Tensor"), {w, g, -lr}, false, {});
+    is.end_iteration();
+  }
   // `before_backward(loss)`: what the program does between the forward and the backward.
   void issue_step(Issuer& is, double lr, const at::Tensor& s, bool set_to_none,
                   const std::function<void(const at::Tensor&)>& before_backward = {}) {
@@ -200,26 +222,17 @@ TEST(BlockReplay, TheBackwardOfAnotherLossOfTheSameShapeLeavesTheBlock) {
   Issuer is(runner);
   for (int i = 0; i < 6; ++i) {
     const bool second = i == 5;
-    {
-      eager.w.mutable_grad() = at::Tensor();
-      const at::Tensor h = eager.x.mm(eager.w);
-      const at::Tensor a = (h * two).sum(), b = (h * h).sum();
-      torch::autograd::backward({second ? b : a});
-      at::NoGradGuard no_grad;
-      eager.w.add_(eager.w.grad(), -0.1);
-    }
-    is.begin_iteration();
-    is.grad_write_none(coexec.w);
-    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
-    const at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    eager.eager_step_on([&](const at::Tensor& h) {
+      const at::Tensor a = (h * two).sum(), b = (h * h).sum();  // both made, as the program does
+      return second ? b : a;
+    });
+    at::Tensor h_like;
+    const at::Tensor h = coexec.issue_forward_start(is, &h_like);
     const at::Tensor am = is.aten(op("aten::mul", "Tensor"), {h, two}, true, {h_like})[0];
     const at::Tensor a = is.aten(op("aten::sum", ""), {am, c10::IValue()}, true, {h_like.sum()})[0];
     const at::Tensor bm = is.aten(op("aten::mul", "Tensor"), {h, h}, true, {h_like})[0];
     const at::Tensor b = is.aten(op("aten::sum", ""), {bm, c10::IValue()}, true, {h_like.sum()})[0];
-    is.backward(second ? b : a);
-    const at::Tensor g = is.grad_read(coexec.w, coexec.w.detach());
-    is.aten(op("aten::add_", "Tensor"), {coexec.w, g, -0.1}, false, {});
-    is.end_iteration();
+    coexec.issue_backward_and_update(is, second ? b : a);
   }
   runner.drain();
   ASSERT_FALSE(runner.failed());
@@ -241,24 +254,12 @@ TEST(BlockReplay, AStartWithTwoPathsKeepsABlockForEachAndChoosesByLookingAhead) 
   Issuer is(runner);
   for (int i = 0; i < 12; ++i) {
     const bool b = i % 3 == 2;
-    {
-      eager.w.mutable_grad() = at::Tensor();
-      const at::Tensor h = eager.x.mm(eager.w);
-      torch::autograd::backward({(b ? h + two : h * two).sum()});
-      at::NoGradGuard no_grad;
-      eager.w.add_(eager.w.grad(), -0.1);
-    }
-    is.begin_iteration();
-    is.grad_write_none(coexec.w);
-    const at::Tensor h_like = coexec.x.mm(coexec.w.detach()).requires_grad_();
-    const at::Tensor h = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    eager.eager_step_on([&](const at::Tensor& h) { return (b ? h + two : h * two).sum(); });
+    at::Tensor h_like;
+    const at::Tensor h = coexec.issue_forward_start(is, &h_like);
     const at::Tensor m = b ? is.aten(op("aten::add", "Tensor"), {h, two, 1}, true, {h_like})[0]
                            : is.aten(op("aten::mul", "Tensor"), {h, two}, true, {h_like})[0];
-    const at::Tensor loss = is.aten(op("aten::sum", ""), {m, c10::IValue()}, true, {h_like.sum()})[0];
-    is.backward(loss);
-    const at::Tensor g = is.grad_read(coexec.w, coexec.w.detach());
-    is.aten(op("aten::add_", "Tensor"), {coexec.w, g, -0.1}, false, {});
-    is.end_iteration();
+    coexec.issue_backward_and_update(is, is.aten(op("aten::sum", ""), {m, c10::IValue()}, true, {h_like.sum()})[0]);
   }
   runner.drain();
   ASSERT_FALSE(runner.failed());
