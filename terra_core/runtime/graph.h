@@ -112,11 +112,6 @@ struct Graph {
   WorkersTrial workers_trial = WorkersTrial::Untried;
   terra::PairedTrial workers_pairing;
   bool workers_asleep_before = false;
-  // The pairing timed both ways side by side and kept the faster: a later loss of co-execution
-  // re-times it the same way. Flipped then, resnet's co-execution was timed with its workers
-  // asleep after the pairing had found that way 1.4x slower (24-28 ms per step against 16-20),
-  // lost to eager execution by 1.8x and was held eager for 121 iterations.
-  bool workers_way_paired = false;
   uint64_t iterations_workers_asleep = 0;  // co-executed iterations run so
   // Co-executed iterations with the workers spinning: their wall time, and the CPU time the
   // GraphRunner's OpenMP workers used meanwhile (WorkerCpuClock). Asleep can only save what the

@@ -164,7 +164,6 @@ struct BlockStore {
   uint64_t graph = 0;  // Graph::serial of the iteration's items
   Entry* entry = nullptr;
   int path = -1;           // the replayed path of `entry`
-  bool choosing = false;   // `entry` has several paths: the first item chooses (GraphRunner::choose)
   std::vector<uint32_t> alive;  // choose: the paths that still follow (scratch)
   uint64_t iterations_started = 0;  // the LRU clock of Path::last_used
   std::unique_ptr<BlockRecorder> recorder;
@@ -192,7 +191,6 @@ struct BlockStore {
     state = State::PerOp;
     entry = nullptr;
     path = -1;
-    choosing = false;
   }
   void replay_path(int i) {
     Path& p = entry->paths[static_cast<size_t>(i)];
@@ -214,7 +212,7 @@ struct BlockStore {
     entry->unused_dropped += lru->uses == 0;
     *lru = {std::move(block), 0, 0, iterations_started};
   }
-  // Whether an iteration that follows none of the entry's paths records its own.
+  // Whether an iteration that follows none of the entry's paths (or finds none) records its own.
   bool records_new_path() const {
     return entry->refusals < kMaxRefusals && entry->unused_dropped < static_cast<int>(kMaxPaths);
   }
@@ -544,10 +542,10 @@ void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {
   b.entry = &e;
   ++b.iterations_started;
   if (e.several && !e.paths.empty()) {
-    b.choosing = true;  // the first item chooses (choose)
+    choose(item, seq);
   } else if (!e.paths.empty()) {
     b.replay_path(0);
-  } else if (e.refusals < BlockStore::kMaxRefusals) {
+  } else if (b.records_new_path()) {
     start_recording(item.graph);
   }
 }
@@ -571,7 +569,6 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
   // their backward and replayed 94 iterations of 390, 229 looking to the end (10.4 ms per step
   // against 11.7-12.2; eager 11.2-11.5).
   BlockStore& b = *blocks_;
-  b.choosing = false;
   auto& paths = b.entry->paths;
   b.alive.resize(paths.size());
   for (uint32_t i = 0; i < paths.size(); ++i) b.alive[i] = i;
@@ -595,7 +592,7 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
                (w->kind != OpKind::Backward || b.replayer.grads_as_recorded(j, earlier));
       };
       std::vector<uint32_t>& alive = b.alive;
-      const auto kept = std::stable_partition(alive.begin(), alive.end(), stays);
+      const auto kept = std::partition(alive.begin(), alive.end(), stays);
       if (kept == alive.begin() && w->kind == OpKind::GradRead && s != seq) {
         // A read the paths lack (extra_grad_read): replay runs it in its place.
       } else {
@@ -941,7 +938,6 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   if (item.inference_mode) inference.emplace();
   BlockStore& b = *blocks_;
   if (item.iteration != b.iteration) start_iteration(item, seq);
-  if (b.choosing) choose(item, seq);
   if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
   if (b.state == BlockStore::State::Recording) {
     use_threads(item.num_threads);

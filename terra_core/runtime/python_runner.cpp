@@ -587,8 +587,14 @@ void PythonRunner::choose_workers() {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep) where that
     // may win, the same way again where not.
+    // Where the pairing timed both ways side by side and kept the faster, the next timing keeps
+    // that way: flipped, resnet's co-execution was timed with its workers asleep after the
+    // pairing had found that way 1.4x slower (24-28 ms per step against 16-20), lost to eager
+    // execution by 1.8x and was held eager for 121 iterations.
+    const bool paired = g.workers_pairing.verdict() != terra::PairedTrial::Verdict::Running &&
+                        !g.workers_pairing.ratios().empty();  // not given up for want of clean ones
     if (g.workers_trial == Trial::Pairing) g.workers_asleep = g.workers_asleep_before;
-    if (other_way_may_win && !g.workers_way_paired) g.workers_asleep = !g.workers_asleep;
+    if (other_way_may_win && !paired) g.workers_asleep = !g.workers_asleep;
     // The first loss: time co-execution again soon, not after a hold that grows with how much
     // slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps co-executed, its
     // asleep timing late). The same way too: the first co-executed iterations after an idle
@@ -621,9 +627,7 @@ void PythonRunner::pair_workers(bool clean, double seconds) {
   if (g.workers_trial != Graph::WorkersTrial::Pairing || iteration_mode_ != Mode::CoExec) return;
   const auto verdict = g.workers_pairing.record(clean, seconds);
   g.workers_asleep = g.workers_pairing.b() ? !g.workers_asleep_before : g.workers_asleep_before;
-  if (verdict == terra::PairedTrial::Verdict::Running) return;
-  g.workers_trial = Graph::WorkersTrial::Done;
-  g.workers_way_paired = !g.workers_pairing.ratios().empty();  // not given up for want of clean ones
+  if (verdict != terra::PairedTrial::Verdict::Running) g.workers_trial = Graph::WorkersTrial::Done;
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

@@ -31,8 +31,8 @@ void Payoff::start(Phase phase) {
   phase_ = phase;
   samples_ = iterations_ = 0;
   // A measuring phase times its mode afresh: older samples may be from another phase of the
-  // program. The other mode's samples are recent (taken while it was held).
-  if (phase == Phase::Hold) return;
+  // program. The other mode's samples are recent (taken while it was held). Pairing keeps both.
+  if (phase == Phase::Hold || phase == Phase::Pairing) return;
   for (auto& [id, l] : loops_) (phase == Phase::MeasureCoExec ? l.coexec : l.eager) = Window{};
 }
 
@@ -96,8 +96,7 @@ void Payoff::start_pairing(double margin) {
   }
   // Co-execution kept within the margin (a margin of -1 or less: never kept).
   pairing_ = PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
-  phase_ = Phase::Pairing;
-  samples_ = iterations_ = 0;
+  start(Phase::Pairing);
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {
