@@ -276,56 +276,24 @@ PYBIND11_MODULE(_C, m) {
   static PyMethodDef grad_get_def{"grad_get", &grad_get, METH_O, "Tensor.grad while co-executing."};
   m.add_object("grad_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&grad_get_def, nullptr, m.ptr())));
   m.def("grad_set", &grad_set);
-  m.def("policy", [](py::kwargs kw) {
-    auto& p = R().policy();
-    for (auto item : kw) {
-      auto key = item.first.cast<std::string>();
-      if (key == "warmup") p.warmup = item.second.cast<int>();
-      else if (key == "max_divergences") p.max_divergences = item.second.cast<int>();
-      else if (key == "max_nodes") p.max_nodes = item.second.cast<size_t>();
-      else if (key == "enabled") p.enabled = item.second.cast<bool>();
-      else if (key == "adaptive") p.adaptive = item.second.cast<bool>();
-      else if (key == "replay") p.replay = item.second.cast<bool>();
-      else if (key == "accelerator_blocks") p.accelerator_blocks = item.second.cast<bool>();
-      else if (key == "lanes") p.lanes = item.second.cast<bool>();
-      else if (key == "fast_path") p.fast_path = item.second.cast<bool>();
-      else if (key == "program_cache") p.program_cache = item.second.cast<bool>();
-      else if (key == "payoff_margin") p.payoff_margin = item.second.cast<double>();
-      else if (key == "worker_nice") {
-        const int nice = item.second.cast<int>();
-        if (nice < 0 || nice > 19) throw py::value_error("worker_nice must be 0 to 19, not " + std::to_string(nice));
-        p.worker_nice = nice;
-      }
-      else if (key == "worker_spin") {
-        const auto name = item.second.cast<std::string>();
-        const auto w = terra::runtime::Policy::parse_worker_spin(name);
-        if (!w) throw py::value_error("worker_spin must be auto, spin or sleep, not " + name);
-        p.worker_spin = *w;
-      }
-      else if (key == "payoff_check_budget") {
-        const double budget = item.second.cast<double>();
-        if (!(budget > 0)) throw py::value_error("payoff_check_budget must be above 0");
-        p.payoff_check_budget = budget;
-      }
-      else throw py::key_error("unknown Terra policy setting: " + key);
+  m.def("settings", [] {
+    py::list out;
+    for (const terra::Policy::Setting& s : R().policy().settings()) {
+      using Kind = terra::Policy::Kind;
+      py::dict d;
+      d["key"] = s.key;
+      d["kind"] = s.kind == Kind::OnOff ? "on/off" : s.kind == Kind::Choice ? "choice"
+                  : s.kind == Kind::Number ? "number" : "whole number";
+      d["value"] = s.value;
+      d["help"] = s.help;
+      d["env"] = s.env;
+      out.append(std::move(d));
     }
-    py::dict d;
-    d["warmup"] = p.warmup;
-    d["max_divergences"] = p.max_divergences;
-    d["max_nodes"] = p.max_nodes;
-    d["enabled"] = p.enabled;
-    d["adaptive"] = p.adaptive;
-    d["replay"] = p.replay;
-    d["accelerator_blocks"] = p.accelerator_blocks;
-    d["lanes"] = p.lanes;
-    d["fast_path"] = p.fast_path;
-    d["program_cache"] = p.program_cache;
-    d["payoff_margin"] = p.payoff_margin;
-    d["payoff_check_budget"] = p.payoff_check_budget;
-    d["worker_spin"] = terra::runtime::Policy::worker_spin_name(p.worker_spin);
-    d["worker_nice"] = p.worker_nice;
-    return d;
-  });
+    return out;
+  }, "Every engine setting (terra/policy.h): key, kind, value as text, help, the variable that sets its default.");
+  m.def("configure", [](const std::string& text) {
+    if (std::string error = R().policy().configure(text); !error.empty()) throw py::value_error(error);
+  }, "Applies 'key=value ...' settings, all or none; ValueError says what was wrong.");
   m.def("set_eager_hold_switch", [](py::function hold) {
     R().set_eager_hold_switch([hold](bool held) { hold(held); });
   }, "The function that takes the session's pass-through entry points out while a loop runs "

@@ -19,6 +19,7 @@
 #include "op_template.h"
 #include "terra/paired_trial.h"
 #include "terra/payoff.h"
+#include "terra/policy.h"
 #include "terra/trace_graph.h"
 
 namespace terra::runtime {
@@ -65,9 +66,9 @@ struct Graph {
   std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
   struct Root {
     uint32_t node = 0;
-    int stable = 0;       // consecutive traced iterations that added nothing
+    terra::Warmup warmup;  // consecutive traced iterations that added nothing
     int unsteady = 0;     // consecutive traced iterations that each added nodes
-    int divergences = 0;
+    uint32_t divergences = 0;
     bool coexecuted = false;  // entered co-execution at least once
     // Its traced and co-executed iterations and the ops they issued; `absorbed`: a nested loop
     // of a few ops per iteration, part of the enclosing loop's iteration (PythonRunner::absorbs).

@@ -395,7 +395,7 @@ void PythonRunner::end_iteration() {
       } else {
         ++graph_->iterations_traced;
       }
-      root.stable = added_ ? 0 : root.stable + 1;
+      root.warmup.observe(added_);
       root.unsteady = first_new_ != kNoNode && !diverged_ ? root.unsteady + 1 : 0;
       if (root.unsteady == kUnsteadyRunToExplain) explain_unsteady();
       graph_->traced_seconds += seconds;
@@ -486,12 +486,10 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   ++graph_->nodes[cur_].count;
   const bool was_chosen_eager = chosen_eager_;
   chosen_eager_ = false;
-  Mode want = Mode::Tracing;
-  if (root.divergences >= policy_.max_divergences || graph_->nodes.size() >= policy_.max_nodes) {
-    want = Mode::Eager;
-  } else if (policy_.enabled && root.stable >= policy_.warmup) {
-    want = stable_mode();
-  }
+  const terra::Decision decision = terra::decide(policy_, {graph_->nodes.size(), root.warmup.quiet, root.divergences});
+  Mode want = decision.action == terra::Decision::Action::StayEager ? Mode::Eager
+              : decision.action == terra::Decision::Action::CoExecute ? stable_mode()
+                                                                       : Mode::Tracing;
   // A switch the payoff check asked for moves the OpenMP team at once, rate limit or not: eager
   // iterations timed while the GraphRunner still held a team would be timed with two teams.
   // Entering an eager hold from a traced iteration (co-execution was left earlier, the team then
@@ -521,7 +519,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
     runner().set_worker_nice(policy_.worker_nice);
   }
-  spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == Policy::WorkerSpin::Sleep ||
+  spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == terra::Policy::WorkerSpin::Sleep ||
                                            (choosing_spin() && graph_->workers_asleep));
   graph_->iterations_workers_asleep += spin_limited_;
   limit_openmp_spinning(runner_team_ && spin_limited_);
@@ -634,39 +632,6 @@ PythonRunner::Mode PythonRunner::stable_mode() {
   if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
   chosen_eager_ = true;
   return Mode::Eager;
-}
-
-const char* Policy::worker_spin_name(WorkerSpin w) {
-  return w == WorkerSpin::Spin ? "spin" : w == WorkerSpin::Sleep ? "sleep" : "auto";
-}
-
-std::optional<Policy::WorkerSpin> Policy::parse_worker_spin(const std::string& name) {
-  for (WorkerSpin w : {WorkerSpin::Auto, WorkerSpin::Spin, WorkerSpin::Sleep})
-    if (name == worker_spin_name(w)) return w;
-  return std::nullopt;
-}
-
-Policy::WorkerSpin Policy::worker_spin_from_env() {
-  const char* value = std::getenv("TERRA_WORKER_SPIN");
-  return value ? parse_worker_spin(value).value_or(WorkerSpin::Auto) : WorkerSpin::Auto;
-}
-
-bool Policy::on_unless_zero(const char* env) {
-  const char* value = std::getenv(env);
-  return !(value && std::string(value) == "0");
-}
-
-bool Policy::on_if_one(const char* env) {
-  const char* value = std::getenv(env);
-  return value && std::string(value) == "1";
-}
-
-int Policy::int_from_env(const char* env, int fallback, int lo, int hi) {
-  const char* value = std::getenv(env);
-  if (!value || !*value) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(value, &end, 10);
-  return *end == '\0' && v >= lo && v <= hi ? static_cast<int>(v) : fallback;
 }
 
 namespace {
@@ -1682,7 +1647,7 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op, boo
   auto& root = graph_->roots[boundary_];
   if (new_path) {
     ++root.divergences;
-    root.stable = 0;
+    root.warmup.quiet = 0;
   }
   const int64_t start = now_ns();
   set_mode(Mode::Tracing);  // before the wait, so it is not also counted as a fetch

@@ -33,64 +33,10 @@
 #include "openmp_team.h"
 #include "op_template.h"
 #include "python_stack.h"
+#include "terra/policy.h"
 #include "timeline.h"
 
 namespace terra::runtime {
-
-struct Policy {
-  int warmup = 1;           // traced iterations that add nothing before co-executing
-  int max_divergences = 8;  // per iteration start: past this the region stays eager
-  size_t max_nodes = 200000;
-  bool enabled = true;      // co-execution (false: trace only, never co-execute)
-  // Time co-execution against eager execution and run whichever is faster (terra/payoff.h);
-  // co-execution is kept while it takes at most (1 + payoff_margin) times eager's time. The
-  // default comes from TERRA_ADAPTIVE (0: off), so test suites can pin co-execution.
-  bool adaptive = on_unless_zero("TERRA_ADAPTIVE");
-  double payoff_margin = 0.0;
-  // The faster mode is held long enough that re-timing the slower one costs at most this share
-  // of the time (terra::Payoff::hold_for).
-  double payoff_check_budget = 0.03;
-  // The GraphRunner replays recorded iterations below autograd (block_replay.h). The default
-  // comes from TERRA_REPLAY (0: off).
-  bool replay = on_unless_zero("TERRA_REPLAY");
-  // Blocks whose items run on an accelerator stream are recorded and replayed too (their
-  // backward's kernels come from the autograd engine's device thread). Off until a device run
-  // has checked them against eager execution; TERRA_ACCELERATOR_BLOCKS=1 turns it on by default.
-  bool accelerator_blocks = on_if_one("TERRA_ACCELERATOR_BLOCKS");
-  // A waiting program thread runs independent kernels of the replayed backward (kernel_lanes.h),
-  // while the GraphRunner's OpenMP workers sleep. Off by default: no steady gain measured on two
-  // cores (bench/results/forced_coexec_lanes*.md); TERRA_LANES=1 turns it on by default.
-  bool lanes = on_if_one("TERRA_LANES");
-  // The program thread's CPU allocations of 64 KiB to 32 MiB come from Terra's caching allocator
-  // while a session is open and the program runs ops itself (traced, fallen back and eager
-  // iterations; PythonRunner::set_mode): glibc hands such blocks out
-  // as fresh pages, and eager steps of the benchmark programs took 300-2,000 minor page faults
-  // each (bench/results/program_cache.md). The default comes from TERRA_PROGRAM_CACHE (0: off).
-  bool program_cache = on_unless_zero("TERRA_PROGRAM_CACHE");
-  // Hot entry points skip PyTorch's binding and the dispatcher while co-executing
-  // (python/fast_path.cpp). The default comes from TERRA_FAST_PATH (0: off).
-  bool fast_path = on_unless_zero("TERRA_FAST_PATH");
-  // What the GraphRunner's idle OpenMP workers do while co-executing (openmp_team.h,
-  // limit_openmp_spinning): Auto, with `adaptive`, tries them asleep where co-execution with them
-  // spinning lost to eager execution (Graph::workers_asleep; without `adaptive` they spin), Spin
-  // as eager execution's do, Sleep soon after each parallel region.
-  // The default comes from TERRA_WORKER_SPIN (auto, spin or sleep).
-  enum class WorkerSpin : uint8_t { Auto, Spin, Sleep };
-  WorkerSpin worker_spin = worker_spin_from_env();
-  // How many nice steps below the GraphRunner its OpenMP workers run while co-executing (0 to
-  // 19; 0: as it), so that a worker spinning for the next parallel region yields its core to the
-  // program thread and the GraphRunner (openmp_team.h, lower_openmp_workers). The default comes
-  // from TERRA_WORKER_NICE.
-  int worker_nice = int_from_env("TERRA_WORKER_NICE", 10, 0, 19);
-  static const char* worker_spin_name(WorkerSpin w);
-  static std::optional<WorkerSpin> parse_worker_spin(const std::string& name);
-  // A default from the environment: on unless the variable is "0".
-  static bool on_unless_zero(const char* env);
-  static bool on_if_one(const char* env);  // off unless the variable is "1"
-  // The variable's integer value if it is one within [lo, hi], else `fallback`.
-  static int int_from_env(const char* env, int fallback, int lo, int hi);
-  static WorkerSpin worker_spin_from_env();
-};
 
 class PythonRunner {
  public:
@@ -105,7 +51,7 @@ class PythonRunner {
   // runs, an iteration only while no loop of that function is open (track_loop).
   void mark(uint64_t boundary, bool helper = false);
   Graph* graph() const { return graph_; }
-  Policy& policy() { return policy_; }
+  terra::Policy& policy() { return policy_; }
   GraphRunner& runner();
   // Wall time the GraphRunner has spent executing items (0 before it exists): its work, without
   // the idle spinning that its CPU time includes.
@@ -245,7 +191,7 @@ class PythonRunner {
   // At a co-executed iteration's end, while the two ways alternate (Graph::WorkersTrial::Pairing):
   // its time to the trial, and the way for the next iteration.
   void pair_workers(bool clean, double seconds);
-  bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == Policy::WorkerSpin::Auto; }
+  bool choosing_spin() const { return policy_.adaptive && policy_.worker_spin == terra::Policy::WorkerSpin::Auto; }
   void materialize_all();
   void fill(const at::Tensor& placeholder);
   // Waits for item `seq`; `what` (the op that waits) names the timeline's span.
@@ -318,7 +264,7 @@ class PythonRunner {
   std::vector<OpenLoop> open_loops_;  // innermost last (track_loop)
   bool track_loop(uint64_t boundary, bool helper);  // false: not an iteration boundary
   bool absorbs(uint64_t loop);  // a loop of a few ops per iteration (Graph::Root::absorbed)
-  Policy policy_;
+  terra::Policy policy_ = terra::Policy::from_environment();
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from
   uint64_t boundary_ = 0;

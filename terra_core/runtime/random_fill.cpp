@@ -1,6 +1,5 @@
 #include "random_fill.h"
 
-#include "python_runner.h"  // Policy::on_unless_zero
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -8,9 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 
 namespace terra::runtime {
 namespace {
@@ -173,7 +174,10 @@ std::optional<at::Tensor> rand_output(const torch::jit::Stack& stack) {
 }  // namespace
 
 RandomFill::Op RandomFill::covered(const c10::OperatorHandle& op) {
-  static const bool on = Policy::on_unless_zero("TERRA_RANDOM_FILL");  // 0: through the dispatcher (A/B runs)
+  static const bool on = [] {  // TERRA_RANDOM_FILL=0: through the dispatcher (A/B runs)
+    const char* v = std::getenv("TERRA_RANDOM_FILL");
+    return !(v && std::string(v) == "0");
+  }();
   if (!on) return Op::None;
   const auto& name = op.schema().operator_name();
   if (name.name == "aten::bernoulli_" && name.overload_name == "float") return Op::Bernoulli;

@@ -218,11 +218,12 @@ for _j in range(len(_keys) + 1):
 @pytest.mark.parametrize("command, expected", [
     ("%terra bogus", "unknown command"),
     ("%terra config warmup=abc", "whole number"),
-    ("%terra config nosuch=1", "key=value"),
+    ("%terra config nosuch=1", "unknown setting 'nosuch'"),
+    ("%terra config warmup", "expected key=value"),
     ("%terra on extra", "takes no arguments"),
     ("%terra config adaptive=maybe", "expected on/off"),
     ("%terra config worker_spin=fast", "one of auto, spin, sleep"),
-    ("%terra config worker_nice=20", "worker_nice is 0 to 19"),
+    ("%terra config worker_nice=20", "worker_nice must be 0 to 19"),
     ("%terra graph In[999]", "no graph"),
 ])
 def test_bad_magic_arguments_give_usage_not_traceback(kc, command, expected):

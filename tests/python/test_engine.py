@@ -1595,10 +1595,18 @@ def test_workers_that_took_no_cpu_are_not_tried_asleep(coexec_wins):
         assert_coexec_timed_again_soon()
 
 
-def test_worker_spin_takes_auto_spin_or_sleep():
-    with pytest.raises(ValueError, match="auto, spin or sleep"):
-        terra.config(worker_spin="fast")
-    assert terra.config()["worker_spin"] == "auto"
+def test_worker_spin_takes_auto_spin_or_sleep(fresh_graphs):
+    before = terra.config()
+    with pytest.raises(ValueError, match="one of auto, spin, sleep"):
+        terra.config(warmup=before["warmup"] + 2, worker_spin="fast")
+    assert terra.config() == before  # all or nothing
+    try:
+        assert terra.config(worker_spin="sleep", payoff_margin=0.25)["worker_spin"] == "sleep"
+        assert terra.config()["payoff_margin"] == 0.25
+    finally:
+        terra.config(**before)
+    assert terra.config() == before
+    assert {s["key"] for s in terra.settings()} == set(before)
 
 
 def fresh_generator_per_epoch(epochs=16):

@@ -1,39 +1,77 @@
 #include "terra/policy.h"
 
+#include <cstdlib>
+
 #include "trace_builder.h"
 
 namespace terra::test {
 namespace {
 
-TEST(Policy, DefaultsAndDescribe) {
+TEST(Policy, DescribeListsEverySettingAndReadsBack) {
   Policy p;
-  EXPECT_EQ(p.warmup, 2u);
-  EXPECT_EQ(p.describe(), "warmup=2 max_nodes=100000 max_paths=256");
-}
-
-TEST(Policy, ConfigureFromKeyValueText) {
-  Policy p;
-  EXPECT_EQ(p.configure("warmup=3, max_paths=64  max_nodes=500"), "");
-  EXPECT_EQ(p.warmup, 3u);
-  EXPECT_EQ(p.max_paths, 64u);
-  EXPECT_EQ(p.max_nodes, 500u);
+  const std::string text = p.describe();
+  EXPECT_EQ(text.rfind("warmup=1 max_divergences=8 max_nodes=200000 enabled=on adaptive=on", 0), 0u) << text;
+  EXPECT_NE(text.find("payoff_check_budget=0.03"), std::string::npos) << text;
+  EXPECT_NE(text.find("worker_spin=auto worker_nice=10"), std::string::npos) << text;
+  EXPECT_EQ(p.settings().size(), 14u);
   Policy q;
-  EXPECT_EQ(q.configure(p.describe()), "");
-  EXPECT_EQ(q.describe(), p.describe());
+  ASSERT_EQ(q.configure("warmup=3 adaptive=off payoff_margin=0.125 worker_spin=sleep worker_nice=4"), "");
+  Policy r;
+  EXPECT_EQ(r.configure(q.describe()), "");
+  EXPECT_EQ(r.describe(), q.describe());
+  EXPECT_EQ(r.warmup, 3u);
+  EXPECT_FALSE(r.adaptive);
+  EXPECT_EQ(r.payoff_margin, 0.125);
+  EXPECT_EQ(r.worker_spin, Policy::WorkerSpin::Sleep);
 }
 
-TEST(Policy, BadOptionsAreReportedAndChangeNothing) {
+TEST(Policy, ConfigureFromKeyValueTextOfEveryKind) {
   Policy p;
-  EXPECT_NE(p.configure("warmup=5 colour=blue").find("unknown option 'colour'"), std::string::npos);
-  EXPECT_EQ(p.warmup, 2u);  // all or nothing
-  EXPECT_NE(p.set("warmup", "-1"), "");
+  EXPECT_EQ(p.configure("warmup=3, max_nodes=500  fast_path=false replay=0 lanes=ON payoff_check_budget=0.5"), "");
+  EXPECT_EQ(p.warmup, 3u);
+  EXPECT_EQ(p.max_nodes, 500u);
+  EXPECT_FALSE(p.fast_path);
+  EXPECT_FALSE(p.replay);
+  EXPECT_TRUE(p.lanes);
+  EXPECT_EQ(p.payoff_check_budget, 0.5);
+  for (const Policy::Setting& s : p.settings()) {
+    EXPECT_GT(std::string(s.help).size(), 20u) << s.key;
+    EXPECT_EQ(std::string(s.env).rfind("TERRA_", 0), 0u) << s.key;
+  }
+}
+
+TEST(Policy, BadSettingsAreReportedAndChangeNothing) {
+  Policy p;
+  EXPECT_NE(p.configure("warmup=5 colour=blue").find("unknown setting 'colour'"), std::string::npos);
+  EXPECT_EQ(p.warmup, 1u);  // all or nothing
+  EXPECT_NE(p.set("warmup", "-1").find("not a whole number"), std::string::npos);
   EXPECT_NE(p.set("warmup", "2x"), "");
   EXPECT_NE(p.set("warmup", ""), "");
-  EXPECT_NE(p.set("max_paths", "0"), "");
+  EXPECT_NE(p.set("warmup", "99999999999"), "");
+  EXPECT_NE(p.set("max_nodes", "0").find("max_nodes must be at least 1"), std::string::npos);
+  EXPECT_EQ(p.set("worker_nice", "20"), "worker_nice must be 0 to 19, not 20");
+  EXPECT_NE(p.set("adaptive", "maybe").find("expected on/off"), std::string::npos);
+  EXPECT_NE(p.set("worker_spin", "fast").find("one of auto, spin, sleep"), std::string::npos);
+  EXPECT_NE(p.set("payoff_margin", "nan").find("not a number"), std::string::npos);
+  EXPECT_NE(p.set("payoff_check_budget", "0"), "");
   EXPECT_NE(p.configure("warmup"), "");
   EXPECT_EQ(p.describe(), Policy{}.describe());
   EXPECT_EQ(p.set("warmup", "0"), "");
   EXPECT_EQ(p.warmup, 0u);
+}
+
+TEST(Policy, TheEnvironmentSetsDefaultsAndABadValueIsIgnored) {
+  setenv("TERRA_ADAPTIVE", "0", 1);
+  setenv("TERRA_WORKER_NICE", "25", 1);
+  setenv("TERRA_WORKER_SPIN", "sleep", 1);
+  const Policy p = Policy::from_environment();
+  unsetenv("TERRA_ADAPTIVE");
+  unsetenv("TERRA_WORKER_NICE");
+  unsetenv("TERRA_WORKER_SPIN");
+  EXPECT_FALSE(p.adaptive);
+  EXPECT_EQ(p.worker_nice, 10u);
+  EXPECT_EQ(p.worker_spin, Policy::WorkerSpin::Sleep);
+  EXPECT_TRUE(Policy::from_environment().adaptive);
 }
 
 Trace one(uint32_t line) {
@@ -42,36 +80,35 @@ Trace one(uint32_t line) {
   return b.finish();
 }
 
-TEST(Policy, GenerateAfterWarmupQuietIterations) {
+TEST(Policy, CoExecuteAfterWarmupQuietIterations) {
   Policy p;
+  ASSERT_EQ(p.configure("warmup=2"), "");
   TraceGraph g;
   Warmup w;
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Trace);
+  auto state = [&] { return RegionState{g.size(), w.quiet, 0}; };
+  EXPECT_EQ(decide(p, state()).action, Decision::Action::Trace);
   w.observe(g.merge(one(1)));
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Trace);
+  EXPECT_EQ(decide(p, state()).action, Decision::Action::Trace);
   w.observe(g.merge(one(1)));
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Trace);
-  EXPECT_EQ(decide(p, g, w).reason, FallbackReason::Warmup);
+  EXPECT_EQ(decide(p, state()).action, Decision::Action::Trace);
+  EXPECT_EQ(decide(p, state()).reason, FallbackReason::Warmup);
   w.observe(g.merge(one(1)));
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Generate);
+  EXPECT_EQ(decide(p, state()).action, Decision::Action::CoExecute);
   w.observe(g.merge(one(2)));  // something new: warm up again
   EXPECT_EQ(w.quiet, 0u);
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Trace);
+  EXPECT_EQ(decide(p, state()).action, Decision::Action::Trace);
+  ASSERT_EQ(p.configure("enabled=off warmup=0"), "");
+  EXPECT_EQ(decide(p, state()).reason, FallbackReason::Disabled);
 }
 
 TEST(Policy, CapsKeepTheRegionEager) {
   Policy p;
-  ASSERT_EQ(p.configure("max_nodes=3 max_paths=2"), "");
-  TraceGraph g;
-  Warmup w{10};
-  g.merge(one(1));
-  g.merge(one(2));
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::Generate);
-  g.merge(one(3));
-  EXPECT_EQ(decide(p, g, w).action, Decision::Action::StayEager);
-  EXPECT_EQ(decide(p, g, w).reason, FallbackReason::PathCap);
-  g.merge(one(4));
-  EXPECT_EQ(decide(p, g, w).reason, FallbackReason::NodeCap);
+  ASSERT_EQ(p.configure("max_nodes=3 max_divergences=2"), "");
+  EXPECT_EQ(decide(p, {2, 5, 1}).action, Decision::Action::CoExecute);
+  EXPECT_EQ(decide(p, {2, 5, 2}).action, Decision::Action::StayEager);
+  EXPECT_EQ(decide(p, {2, 5, 2}).reason, FallbackReason::DivergenceCap);
+  EXPECT_EQ(decide(p, {3, 5, 0}).reason, FallbackReason::NodeCap);
+  EXPECT_EQ(decide(p, {3, 0, 0}).action, Decision::Action::StayEager);  // caps before warm-up
 }
 
 TEST(Policy, ReasonForMergeNovelty) {

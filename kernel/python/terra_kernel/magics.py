@@ -33,19 +33,8 @@ USAGE = """\
 %%terra [off]          (cell magic) co-execute this cell (or run it eagerly) whatever the mode
 """
 
-SETTINGS = {
-    "warmup": "traced iterations that add nothing before an iteration is co-executed",
-    "max_divergences": "fallbacks at one iteration start before it stays eager",
-    "max_nodes": "TraceGraph nodes past which a graph stays eager",
-    "adaptive": "time co-execution against eager execution and run the faster (on/off)",
-    "replay": "replay recorded iterations below autograd in the GraphRunner (on/off)",
-    "fast_path": "hot Tensor methods and torch functions skip PyTorch's binding while co-executing (on/off)",
-    "worker_spin": "the GraphRunner's idle OpenMP workers: spin, sleep, or auto (time both, keep the faster)",
-    "worker_nice": "how far below the GraphRunner its OpenMP workers run, 0 to 19 (a spinning worker yields its core)",
-    "summary": "print a one-line summary after each co-executed cell (on/off)",
-}
-BOOLEAN_SETTINGS = ("adaptive", "replay", "fast_path", "summary")
-CHOICE_SETTINGS = {"worker_spin": ("auto", "spin", "sleep")}
+# The kernel's own setting; the engine's come from its table (terra.settings(), terra/policy.h).
+SUMMARY_HELP = "print a one-line summary after each co-executed cell (on/off)"
 
 
 def _bool(text):
@@ -258,42 +247,25 @@ class TerraMagics(Magics):
     def _cmd_config(self, args):
         terra = self._engine()
         if not args:
-            policy = terra.config()
-            for key, help_text in SETTINGS.items():
-                if key == "summary":
-                    value = "on" if self.cells.summary else "off"
-                elif key in BOOLEAN_SETTINGS:
-                    value = "on" if policy[key] else "off"
-                else:
-                    value = policy[key]
-                print(f"{key} = {value}    # {help_text}")
+            for setting in terra.settings():
+                print(f"{setting['key']} = {setting['value']}    # {setting['help']}")
+            print(f"summary = {'on' if self.cells.summary else 'off'}    # {SUMMARY_HELP}")
             return
-        changes = {}
+        summary = None
+        engine = []
         for arg in args:
             key, sep, value = arg.partition("=")
-            if not sep or key not in SETTINGS:
-                raise UsageError(f"%terra config: expected key=value with key in {', '.join(SETTINGS)}; "
-                                 f"got {arg!r}")
-            if key in BOOLEAN_SETTINGS:
-                changes[key] = _bool(value)
-            elif key in CHOICE_SETTINGS:
-                if value not in CHOICE_SETTINGS[key]:
-                    raise UsageError(f"%terra config: {key} is one of {', '.join(CHOICE_SETTINGS[key])}; "
-                                     f"got {value!r}")
-                changes[key] = value
+            if key == "summary" and sep:
+                summary = _bool(value)
             else:
-                try:
-                    changes[key] = int(value)
-                except ValueError:
-                    raise UsageError(f"%terra config: {key} needs a whole number, got {value!r}")
-                if changes[key] < 0:
-                    raise UsageError(f"%terra config: {key} cannot be negative")
-                if key == "worker_nice" and changes[key] > 19:
-                    raise UsageError(f"%terra config: worker_nice is 0 to 19, got {changes[key]}")
-        if "summary" in changes:
-            self.cells.summary = changes.pop("summary")
-        if changes:
-            terra.config(**changes)  # every value checked above: all of them apply
+                engine.append(arg)
+        if engine:
+            try:  # the engine parses its settings and applies all of them or none
+                terra.configure(" ".join(engine))
+            except ValueError as error:
+                raise UsageError(f"%terra config: {error}") from None
+        if summary is not None:
+            self.cells.summary = summary
         print("Terra: settings updated")
 
 

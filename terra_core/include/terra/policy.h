@@ -1,14 +1,15 @@
-// Policy: when a region's TraceGraph is stable enough to generate a symbolic graph, when it is too
-// dynamic to be worth one, and why a region runs eagerly (for `%terra explain`).
+// Policy: every setting of the engine, in one table, and the decision it makes at each
+// iteration start: trace, co-execute (the generated graph runs) or stay eager, and why.
 //
-// A region is traced eagerly until `warmup` consecutive iterations merged without adding anything
-// (no node, control edge, producer or shape); then its graph is generated. A region whose
-// TraceGraph grows past `max_nodes` nodes or `max_paths` distinct recorded paths (data-dependent
-// loop counts, say) stays eager: only that region, never the whole program. Every fallback to eager
-// has a `FallbackReason` with text a user can read, counted per graph.
+// An iteration start is traced until `warmup` consecutive traced iterations added nothing to its
+// graph; then it is co-executed. A start that left co-execution `max_divergences` times, or a
+// graph past `max_nodes` nodes, stays eager: only that region, never the whole program. Every
+// fallback to eager has a `FallbackReason` with text a user can read.
 //
-// Options are key=value text so that a `%terra config warmup=3 max_paths=64` needs no parser of
-// its own; unknown keys and bad values are reported, never ignored.
+// Settings are key=value text, parsed here and nowhere else: `%terra config warmup=3`,
+// `terra.config(warmup=3)` and the TERRA_* environment variables that set the defaults all go
+// through `set`. Unknown keys and bad values are reported, never ignored; `configure` applies all
+// or nothing.
 #pragma once
 
 #include <array>
@@ -16,21 +17,58 @@
 #include <deque>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "terra/trace_graph.h"
 
 namespace terra {
 
 struct Policy {
-  uint32_t warmup = 2;        // quiet iterations needed before generation
-  uint32_t max_nodes = 100000;
-  uint32_t max_paths = 256;
+  // What the GraphRunner's idle OpenMP workers do while co-executing: Auto, with `adaptive`, times
+  // both ways and keeps the faster; Spin as eager execution's do; Sleep soon after each region.
+  enum class WorkerSpin : uint8_t { Auto, Spin, Sleep };
 
-  // Empty on success, else what was wrong; the policy is unchanged on failure.
+  uint32_t warmup = 1;           // traced iterations that add nothing before co-executing
+  uint32_t max_divergences = 8;  // fallbacks at one iteration start before it stays eager
+  uint32_t max_nodes = 200000;   // nodes past which a graph stays eager
+  bool enabled = true;           // co-execution (off: trace only)
+  // Time co-execution against eager execution and run whichever is faster (terra/payoff.h);
+  // co-execution is kept while it takes at most (1 + payoff_margin) times eager's time, and the
+  // faster mode is held long enough that re-timing the slower costs at most payoff_check_budget
+  // of the time (Payoff::hold_for).
+  bool adaptive = true;
+  double payoff_margin = 0.0;
+  double payoff_check_budget = 0.03;
+  bool replay = true;               // the GraphRunner replays recorded blocks below autograd
+  bool accelerator_blocks = false;  // blocks on accelerator streams too (unchecked on a device)
+  bool lanes = false;               // a waiting program thread runs replayed kernels (kernel_lanes.h)
+  bool program_cache = true;        // the program thread's large CPU allocations are cached
+  bool fast_path = true;            // hot entry points skip PyTorch's binding (python/fast_path.cpp)
+  WorkerSpin worker_spin = WorkerSpin::Auto;
+  uint32_t worker_nice = 10;  // nice steps below the GraphRunner its OpenMP workers run
+
+  // The defaults, each changed by its environment variable (TERRA_ADAPTIVE=0, TERRA_WORKER_SPIN=
+  // sleep, ...) where that holds a value `set` accepts; a bad one is ignored, as an unset one.
+  static Policy from_environment();
+  // Empty on success, else what was wrong (naming the key); the policy is unchanged on failure.
   std::string set(std::string_view key, std::string_view value);
   // Several "key=value" separated by spaces or commas; applies all or nothing.
   std::string configure(std::string_view text);
-  std::string describe() const;  // "warmup=2 max_nodes=100000 max_paths=256", accepted by configure
+  // "warmup=1 max_divergences=8 ...": every setting, accepted by configure.
+  std::string describe() const;
+
+  // A setting as a person (or `%terra config`) reads it.
+  enum class Kind : uint8_t { WholeNumber, Number, OnOff, Choice };
+  struct Setting {
+    const char* key;
+    Kind kind;
+    std::string value;  // as `set` accepts it: "8", "0.03", "on", "auto"
+    const char* help;
+    const char* env;    // the variable that sets its default
+  };
+  std::vector<Setting> settings() const;
+
+  static const char* name(WorkerSpin w);
 };
 
 enum class FallbackReason : uint8_t {
@@ -40,13 +78,14 @@ enum class FallbackReason : uint8_t {
   NewShape,       // a known op produced a new shape, dtype or device
   NewInput,       // an input came from somewhere it had not come from before
   NodeCap,        // the TraceGraph grew past max_nodes
-  PathCap,        // more distinct paths than max_paths
+  DivergenceCap,  // the iteration start left co-execution max_divergences times
   UnsupportedOp,  // an op the GraphRunner cannot replay
   Exception,      // the iteration raised
   Interrupt,      // KeyboardInterrupt
   EngineError,    // a fault inside Terra, degraded to eager
+  Disabled,       // co-execution is off (enabled=off): traced only
 };
-inline constexpr int kFallbackReasons = 11;
+inline constexpr int kFallbackReasons = 12;
 const char* to_string(FallbackReason reason);  // short name: "new_branch"
 const char* describe(FallbackReason reason);   // a sentence for the user
 
@@ -74,17 +113,25 @@ class FallbackLog {
   std::deque<Entry> recent_;
 };
 
-// Consecutive merges that added nothing.
+// Consecutive traced iterations that added nothing (no node, control edge, producer or shape).
 struct Warmup {
   uint32_t quiet = 0;
-  void observe(const MergeResult& result) { quiet = result.added_anything() ? 0 : quiet + 1; }
+  void observe(bool added_anything) { quiet = added_anything ? 0 : quiet + 1; }
+  void observe(const MergeResult& result) { observe(result.added_anything()); }
+};
+
+// What the decision at an iteration start looks at.
+struct RegionState {
+  uint64_t nodes = 0;          // in its graph
+  uint32_t quiet = 0;          // Warmup::quiet
+  uint32_t divergences = 0;    // times co-execution left it for a path the graph had not seen
 };
 
 struct Decision {
-  enum class Action : uint8_t { Trace, Generate, StayEager };
+  enum class Action : uint8_t { Trace, CoExecute, StayEager };
   Action action = Action::Trace;
-  FallbackReason reason = FallbackReason::Warmup;  // why not Generate; meaningless for Generate
+  FallbackReason reason = FallbackReason::Warmup;  // why not CoExecute; meaningless for CoExecute
 };
-Decision decide(const Policy& policy, const TraceGraph& graph, const Warmup& warmup);
+Decision decide(const Policy& policy, const RegionState& region);
 
 }  // namespace terra

@@ -28,6 +28,7 @@ import types
 from . import _loops
 
 __all__ = ["run", "coexecute", "iteration", "sync", "stats", "explain", "reset", "config",
+           "configure", "settings",
            "graph_json", "timeline"]
 
 _depth = threading.local()
@@ -374,26 +375,32 @@ def reset(name=None):
         _c().clear_timeline()
 
 
-def config(**settings):
-    """Reads or sets the policy: warmup, max_divergences, max_nodes, enabled, adaptive (time
-    co-execution against eager execution and run the faster; TERRA_ADAPTIVE=0 turns it off by
-    default), payoff_margin (co-execution is kept while it takes at most 1 + margin times
-    eager's time), payoff_check_budget (the faster mode is held long enough that re-timing
-    the slower one costs at most this share of the time; default 0.03) and replay (the
-    GraphRunner replays recorded iterations below autograd; TERRA_REPLAY=0 turns it off by
-    default), accelerator_blocks (blocks of items on CUDA streams are replayed too: off until
-    checked on a device, TERRA_ACCELERATOR_BLOCKS=1 turns it on by default) and fast_path (hot Tensor methods and torch functions enter the engine without
-    PyTorch's argument parser and dispatcher while co-executing; TERRA_FAST_PATH=0 turns it off
-    by default) and worker_spin (what the GraphRunner's idle OpenMP workers do while
-    co-executing: "spin" as eager's do, "sleep" soon after each parallel region, leaving the
-    core to Python, or "auto", the default: each graph times both and keeps the faster;
-    TERRA_WORKER_SPIN sets the default) and worker_nice (how many nice steps below the
-    GraphRunner its OpenMP workers run while co-executing, 0 to 19, default 10, so that a worker
-    spinning between parallel regions yields its core to Python and the GraphRunner;
-    TERRA_WORKER_NICE sets the default) and lanes (while the GraphRunner's workers sleep, a
-    program thread waiting for it runs independent kernels of the replayed backward; off by
-    default, TERRA_LANES=1 turns it on by default) and program_cache (while a session is open,
-    the program thread's CPU allocations of 64 KiB to 32 MiB come from Terra's caching allocator
-    wherever it runs ops itself, traced, fallen-back and eager iterations, instead of fresh pages
-    from glibc; released when the session ends; TERRA_PROGRAM_CACHE=0 turns it off by default)."""
-    return _c().policy(**settings)
+def settings():
+    """Every engine setting as the engine holds it: dicts of key, kind ("whole number", "number",
+    "on/off" or "choice"), value (text, as `config` accepts it), help, and env (the environment
+    variable that sets its default). The table lives in the engine (terra/policy.h)."""
+    return _c().settings()
+
+
+def configure(text):
+    """Applies settings written as text, "warmup=3 adaptive=off" (what `%terra config` takes),
+    all of them or none: ValueError says what was wrong."""
+    _c().configure(text)
+
+
+_TYPES = {"on/off": lambda v: v == "on", "whole number": int, "number": float, "choice": str}
+
+
+def config(**changes):
+    """Reads or sets the engine's settings: `terra.config(warmup=3, adaptive=False)` applies all
+    of them or none (ValueError says what was wrong) and returns every setting's value;
+    `terra.settings()` lists them with what each does (`%terra config` prints that)."""
+    if changes:
+        items = []
+        for key, value in changes.items():
+            text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+            if not text or any(c in text for c in " ,\t="):
+                raise ValueError(f"{key}: {value!r} is not a value")
+            items.append(f"{key}={text}")
+        configure(" ".join(items))
+    return {s["key"]: _TYPES[s["kind"]](s["value"]) for s in _c().settings()}
