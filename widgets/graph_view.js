@@ -447,7 +447,7 @@ function render({ model, el: root }) {
     let html = describe(hit);
     if (hit.node) {
       const stack = (hit.node.source || []).map((f) => `${f[0].split("/").slice(-2).join("/")}:${f[1]} ${f[2]}`);
-      if (stack.length) html += `<details><summary>stack (innermost first)</summary><pre>${esc(stack.join("\n"))}</pre></details>`;
+      if (stack.length) html += `<details><summary>stack (outermost first)</summary><pre>${esc(stack.join("\n"))}</pre></details>`;
     }
     details.innerHTML = html;
     markSelected();

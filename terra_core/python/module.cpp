@@ -165,10 +165,18 @@ Graph& graph_at(const std::string& name) {
   return *it->second;
 }
 
-py::list frames_of(const std::vector<terra::runtime::SourceFrame>& frames) {
+// The frames, outermost first, as (file, line, function).
+py::list frames_of(const std::shared_ptr<const terra::SourceInfo>& source) {
   py::list out;
-  for (const auto& f : frames) out.append(py::make_tuple(f.file, f.line, f.function));
+  if (source)
+    for (const auto& f : source->frames) out.append(py::make_tuple(f.file, f.line, f.function));
   return out;
+}
+
+// The user's own frame (terra::user_frame), or None.
+py::object where_of(const std::shared_ptr<const terra::SourceInfo>& source) {
+  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
+  return f ? py::object(py::make_tuple(f->file, f->line, f->function)) : py::object(py::none());
 }
 
 }  // namespace
@@ -352,12 +360,14 @@ PYBIND11_MODULE(_C, m) {
     auto& graphs = R().graphs();
     auto it = graphs.find(name);
     if (it == graphs.end()) return out;
-    for (const auto& f : it->second->fallbacks) {
+    for (const terra::Fallback& f : it->second->fallbacks.entries()) {
       py::dict d;
-      d["reason"] = f.reason;
-      d["op"] = f.op;
+      d["reason"] = f.text();
+      d["kind"] = terra::to_string(f.reason);
+      d["op"] = f.source ? f.source->op_name : std::string();
       d["count"] = f.count;
       d["source"] = frames_of(f.source);
+      d["where"] = where_of(f.source);
       out.append(d);
     }
     return out;
@@ -373,6 +383,7 @@ PYBIND11_MODULE(_C, m) {
       d["mode"] = static_cast<int>(n.tmpl.mode);
       d["count"] = n.count;
       d["source"] = frames_of(n.tmpl.source);
+      d["where"] = where_of(n.tmpl.source);
       py::list succ;
       for (const auto& [to, count] : n.succ) succ.append(py::make_tuple(to, count));
       d["succ"] = succ;

@@ -51,10 +51,18 @@ const char* kind_name(const OpTemplate& t) {
   return "?";
 }
 
-nlohmann::json frames_json(const std::vector<SourceFrame>& frames) {
+// The frames, outermost first, as [file, line, function].
+nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source) {
   auto out = nlohmann::json::array();
-  for (const SourceFrame& f : frames) out.push_back({f.file, f.line, f.function});
+  if (source)
+    for (const terra::SourceFrame& f : source->frames) out.push_back({f.file, f.line, f.function});
   return out;
+}
+
+// The user's own frame (terra::user_frame), or null.
+nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source) {
+  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
+  return f ? nlohmann::json({f->file, f->line, f->function}) : nlohmann::json(nullptr);
 }
 
 }  // namespace
@@ -107,14 +115,7 @@ void Graph::record_path(std::vector<uint32_t>& path) {
       op.key = path_key(*this, id);
       for (const OutSpec& o : t.outs)
         if (!o.none) op.outputs.push_back(core_meta(o.meta));
-      if (!n.source_info) {
-        auto source = std::make_shared<terra::SourceInfo>();
-        source->op_name = t.name;
-        for (auto f = t.source.rbegin(); f != t.source.rend(); ++f)
-          source->frames.push_back({f->file, f->line, f->function});
-        n.source_info = std::move(source);
-      }
-      op.source = n.source_info;
+      op.source = t.source;
       op.is_fetch = t.mode == ExecMode::Fetch;
       trace.ops.push_back(std::move(op));
     }
@@ -201,7 +202,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"yields_to_parallel_regions", g.yields_to_parallel_regions},
           {"yielded_seconds", g.yielded_seconds},
           {"grad_reads_direct", g.grad_reads_direct},
-          {"fallbacks", g.fallbacks.size()},
+          {"fallbacks", g.fallbacks.entries().size()},
           {"traced_seconds", g.traced_seconds},
           {"coexec_seconds", g.coexec_seconds}};
 }
@@ -209,7 +210,7 @@ nlohmann::json stats_json(const Graph& g) {
 nlohmann::json to_json(const Graph& g) {
   using nlohmann::json;
   std::unordered_map<uint32_t, bool> left_after;
-  for (const Fallback& f : g.fallbacks)
+  for (const terra::Fallback& f : g.fallbacks.entries())
     if (f.after != kNoNode) left_after[f.after] = true;
 
   json nodes = json::array();
@@ -225,6 +226,7 @@ nlohmann::json to_json(const Graph& g) {
                      {"shapes", std::move(shapes)},
                      {"count", n.count},
                      {"source", frames_json(n.tmpl.source)},
+                     {"where", where_json(n.tmpl.source)},
                      {"fallback", left_after.count(id) > 0}});
   }
   // Control edges in node order; (from, to) -> index, for the switch-cases' entering edges.
@@ -262,11 +264,13 @@ nlohmann::json to_json(const Graph& g) {
     if (json i = edge_of(e); !i.is_null()) back.push_back(i);
 
   json fallbacks = json::array();
-  for (const Fallback& f : g.fallbacks)
-    fallbacks.push_back({{"reason", f.reason},
-                         {"op", f.op},
+  for (const terra::Fallback& f : g.fallbacks.entries())
+    fallbacks.push_back({{"reason", f.text()},
+                         {"kind", terra::to_string(f.reason)},
+                         {"op", f.source ? f.source->op_name : std::string()},
                          {"count", f.count},
                          {"source", frames_json(f.source)},
+                         {"where", where_json(f.source)},
                          {"node", f.after == kNoNode ? json(nullptr) : json(f.after)}});
 
   json out = {{"name", g.name},

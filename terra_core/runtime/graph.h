@@ -24,14 +24,6 @@
 
 namespace terra::runtime {
 
-struct Fallback {
-  std::string reason;                // what did not validate
-  std::string op;                    // the op that diverged
-  std::vector<SourceFrame> source;   // where in the program
-  uint64_t count = 0;
-  uint32_t after = UINT32_MAX;       // the last node the iteration followed before it left
-};
-
 struct Node {
   OpTemplate tmpl;
   uint64_t lookup = 0;
@@ -50,9 +42,6 @@ struct Node {
   std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
   // The successor taken last: the next op is checked against it first (matching_successor).
   uint32_t next = UINT32_MAX;
-  // What the core's TraceGraph shows of this node (Graph::record_path), made once: each new path
-  // made it again for every op it holds, with a copy of every frame's strings.
-  std::shared_ptr<const terra::SourceInfo> source_info;
 };
 
 struct Graph {
@@ -93,7 +82,8 @@ struct Graph {
   // GraphRunner's (openmp_team.h, TeamRegion), and how long in all.
   uint64_t yields_to_parallel_regions = 0;
   double yielded_seconds = 0;
-  std::vector<Fallback> fallbacks;
+  // Where and why iterations left co-execution (`after`: the node they followed last).
+  terra::FallbackLog fallbacks;
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.
   terra::Payoff payoff;

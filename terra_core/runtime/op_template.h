@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -114,7 +115,9 @@ struct OpTemplate {
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order
   std::vector<int> return_sizes;    // per return: -1 tensor, n list of n, -2 None, -3 other
-  std::vector<SourceFrame> source;  // innermost first
+  // The op and where the program called it (made once, when traced; shared with the views and the
+  // fallbacks at it).
+  std::shared_ptr<const terra::SourceInfo> source;
   // The accelerator its tensor arguments live on (the first non-CPU one), if any: the GraphRunner
   // enqueues the op on the stream the program thread had current for it (streams.h).
   std::optional<c10::Device> accelerator;

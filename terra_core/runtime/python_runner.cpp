@@ -161,16 +161,7 @@ class GilReleased {
 // named by `label` where it knows it (a notebook cell: "In [3], line 6").
 std::string where(const Node& n, const PythonRunner::FileLabel& label) {
   std::string s = n.tmpl.name;
-  const SourceFrame* user = nullptr;
-  for (const SourceFrame& f : n.tmpl.source) {
-    bool library = f.file.find("/torch/") != std::string::npos ||
-                   f.file.find("/terra/") != std::string::npos;
-    if (!library) {
-      user = &f;
-      break;
-    }
-  }
-  if (!user && !n.tmpl.source.empty()) user = &n.tmpl.source.front();
+  const terra::SourceFrame* user = n.tmpl.source ? terra::user_frame(*n.tmpl.source) : nullptr;
   if (!user) return s;
   const std::string cell = label ? label(user->file) : std::string();
   s += " called at " + (cell.empty() ? user->file + ":" + std::to_string(user->line)
@@ -289,8 +280,8 @@ void PythonRunner::resume() {
   if (paused_ > 0 && --paused_ == 0) set_hook(mode_ == Mode::Tracing || mode_ == Mode::CoExec);
 }
 
-void PythonRunner::barrier(const std::string& reason, const std::string& what) {
-  if (mode_ == Mode::CoExec) diverge(reason, what);
+void PythonRunner::barrier(const std::string& why, const std::string& what) {
+  if (mode_ == Mode::CoExec) diverge(terra::FallbackReason::EagerCall, why, what);
 }
 
 void PythonRunner::mark(uint64_t boundary, bool helper) {
@@ -785,9 +776,8 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
     // max_nodes was checked only where an iteration begins, so one iteration that never ends (a
     // training loop in a library's code, which nothing marks) grew the graph without bound, every
     // op traced: about 4 µs over eager per op, and memory. The rest of it runs eagerly.
-    note_fallback("node cap: the graph holds max_nodes nodes and this iteration keeps meeting "
-                  "new ops (a loop Terra does not mark, in a library's code, say), so the rest "
-                  "of it runs eagerly, untraced (raise max_nodes)",
+    note_fallback(terra::FallbackReason::NodeCap,
+                  "this iteration keeps meeting new ops (a loop Terra does not mark, in a library's code, say)",
                   op_name(op, name));
     set_mode(Mode::Eager);
     set_hook(false);
@@ -824,7 +814,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
       for_each_tensor(r, [&](const at::Tensor&) { ++k; });
       if (r.isNone()) ++k;
     }
-    fresh.source = PythonStack::describe(root_);
+    fresh.source = std::make_shared<const terra::SourceInfo>(terra::SourceInfo{fresh.name, PythonStack::describe(root_)});
     node = graph_->add_node(std::move(fresh), lookup);
     Node& made = graph_->nodes[node];
     made.base = last_key_.base;
@@ -904,9 +894,8 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
     }
   }
   if (node == kNoNode) {
-    diverge(it == graph_->index.end() ? "an op the trace has not seen at this point of the program"
-                                      : "the arguments differ from the trace: " + why,
-            op_name(op, name));
+    if (it == graph_->index.end()) diverge(terra::FallbackReason::NewOp, {}, op_name(op, name));
+    else diverge(terra::FallbackReason::NewArguments, why, op_name(op, name));
     return false;
   }
   if (kind == OpKind::Backward && graph_->nodes[node].tmpl.relearn) {
@@ -923,15 +912,14 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
     } else {
       b.backward_traced = false;  // learning them is not a change of path
       b.relearned_iteration = iteration_serial_;
-      diverge("the leaves this backward reaches are not the traced ones (a new model?)", op_name(op, name),
-              /*new_path=*/false);
+      diverge(terra::FallbackReason::NewLeaves, {}, op_name(op, name), /*new_path=*/false);
       return false;
     }
   }
   if (!successor && !graph_->has_edge(cur_, node)) {
     // Known op, new order: a path the graph has not covered (the .grad bookkeeping and
     // placeholders' metadata are only trusted along recorded paths).
-    diverge("a branch the trace has not taken", op_name(op, name));
+    diverge(terra::FallbackReason::NewBranch, {}, op_name(op, name));
     return false;
   }
   const OpTemplate& t = graph_->nodes[node].tmpl;
@@ -1588,51 +1576,27 @@ void PythonRunner::wait_for(uint64_t seq, std::string_view what) {
   if (mode_ == Mode::CoExec && graph_) add_span(SpanKind::FetchWait, start, now_ns(), std::string(what));
 }
 
-namespace {
-
-// Two explanations at the same line of the program (their innermost frames).
-bool same_line(const std::vector<SourceFrame>& a, const std::vector<SourceFrame>& b) {
-  return !a.empty() && !b.empty() && a[0].file == b[0].file && a[0].line == b[0].line;
-}
-
-}  // namespace
-
-void PythonRunner::note_fallback(const std::string& reason, const std::string& op) {
-  auto source = PythonStack::describe(root_);
-  Fallback* known = nullptr;
-  for (Fallback& f : graph_->fallbacks)
-    if (f.op == op && f.reason == reason && same_line(f.source, source)) known = &f;
-  if (!known) {
-    graph_->fallbacks.push_back(Fallback{reason, op, std::move(source), 0, cur_});
-    known = &graph_->fallbacks.back();
-  }
-  ++known->count;
+void PythonRunner::note_fallback(terra::FallbackReason reason, std::string detail, const std::string& op) {
+  auto source = std::make_shared<const terra::SourceInfo>(terra::SourceInfo{op, PythonStack::describe(root_)});
+  graph_->fallbacks.record(reason, std::move(detail), std::move(source), cur_);
 }
 
 void PythonRunner::explain_unsteady() {
   // Tracing goes on (a program with many paths may still cover them all), but the user learns
-  // why the loop is not co-executed, at the op that keeps changing.
+  // why the loop is not co-executed, at the op that keeps changing. A loop that becomes steady
+  // and then not again (entered anew, going further) has one entry, counted, with the latest
+  // detail.
   const OpTemplate& t = graph_->nodes[first_new_].tmpl;
-  std::string reason = "never steady: " + std::to_string(kUnsteadyRunToExplain) +
-                       " traced iterations in a row each met an op the trace had not seen, so the "
-                       "loop is traced rather than co-executed; the last one's first: " +
-                       (first_new_why_.empty() ? std::string("a new op at this point of the program")
-                                               : first_new_why_);
-  for (Fallback& f : graph_->fallbacks) {
-    // A loop that becomes steady and then not again (entered anew, going further): one entry,
-    // counted, with the latest reason.
-    if (f.op == t.name && same_line(f.source, t.source) && f.reason.rfind("never steady", 0) == 0) {
-      f.reason = std::move(reason);
-      ++f.count;
-      return;
-    }
-  }
-  graph_->fallbacks.push_back(Fallback{std::move(reason), t.name, t.source, 1, kNoNode});
+  graph_->fallbacks.record(terra::FallbackReason::NeverSteady,
+                           std::to_string(kUnsteadyRunToExplain) + " in a row; the last one's first: " +
+                               (first_new_why_.empty() ? std::string("a new op at this point of the program")
+                                                       : first_new_why_),
+                           t.source);
 }
 
-void PythonRunner::opaque_begin(const std::string& reason, const std::string& what) {
+void PythonRunner::opaque_begin(const std::string& why, const std::string& what) {
   if (mode_ == Mode::CoExec) {
-    note_fallback(reason, what);
+    note_fallback(terra::FallbackReason::EagerCall, why, what);
     ++graph_->fetches;
     catch_up();
     raise_if_failed();
@@ -1642,8 +1606,9 @@ void PythonRunner::opaque_begin(const std::string& reason, const std::string& wh
 
 void PythonRunner::opaque_end() { resume(); }
 
-void PythonRunner::diverge(const std::string& reason, const std::string& op, bool new_path) {
-  note_fallback(reason, op);
+void PythonRunner::diverge(terra::FallbackReason reason, std::string detail, const std::string& op, bool new_path) {
+  std::string span = op + ": " + terra::describe(reason, detail);
+  note_fallback(reason, std::move(detail), op);
   auto& root = graph_->roots[boundary_];
   if (new_path) {
     ++root.divergences;
@@ -1653,7 +1618,7 @@ void PythonRunner::diverge(const std::string& reason, const std::string& op, boo
   set_mode(Mode::Tracing);  // before the wait, so it is not also counted as a fetch
   catch_up();
   diverged_ = true;
-  add_span(SpanKind::Diverge, start, now_ns(), op + ": " + reason);
+  add_span(SpanKind::Diverge, start, now_ns(), std::move(span));
 }
 
 void PythonRunner::add_span(SpanKind kind, int64_t start, int64_t end, std::string detail) {
@@ -1781,10 +1746,7 @@ void PythonRunner::raise_warnings() {
     if (t.kind != OpKind::Aten || t.mode != ExecMode::Graph) continue;
     t.mode = ExecMode::Fetch;
     // In `%terra explain` (terra.explain()): why this op now waits for the GraphRunner.
-    graph_->fallbacks.push_back(Fallback{"it raised a warning while run by the GraphRunner: from now on it "
-                                         "runs on the program thread (a fetch), so its warnings come at its "
-                                         "call, as eagerly",
-                                         t.name, t.source, 1, w.node});
+    graph_->fallbacks.record(terra::FallbackReason::Warning, {}, t.source, w.node);
   }
   // Raised as Python warnings (or errors, as the filters say) when the handler goes.
   torch::PyWarningHandler handler;

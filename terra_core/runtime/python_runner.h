@@ -102,12 +102,12 @@ class PythonRunner {
   void pause();
   void resume();
   // Something Terra cannot co-execute is about to happen (`what`): leave co-execution for the
-  // rest of this iteration, recording `reason` for explain.
-  void barrier(const std::string& reason, const std::string& what);
+  // rest of this iteration, recording `why` for explain (terra::FallbackReason::EagerCall).
+  void barrier(const std::string& why, const std::string& what);
   // Python code Terra runs as an opaque unit (a custom autograd.Function's forward): nothing in
   // it is traced; during co-execution everything issued first completes and every placeholder
-  // becomes real, so the code sees eager state. `reason` is listed by explain.
-  void opaque_begin(const std::string& reason, const std::string& what);
+  // becomes real, so the code sees eager state. `why` is listed by explain.
+  void opaque_begin(const std::string& why, const std::string& what);
   void opaque_end();
   std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
 
@@ -147,8 +147,8 @@ class PythonRunner {
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   // `new_path`: the program left the traced paths (counted against Policy::max_divergences);
   // false: a known path traced again to learn something (OpTemplate::relearn).
-  void diverge(const std::string& reason, const std::string& op, bool new_path = true);
-  void note_fallback(const std::string& reason, const std::string& op);
+  void diverge(terra::FallbackReason reason, std::string detail, const std::string& op, bool new_path = true);
+  void note_fallback(terra::FallbackReason reason, std::string detail, const std::string& op);
   void explain_unsteady();  // a loop traced kUnsteadyRunToExplain times, each adding ops
   // A Python-lane span of the current iteration (timeline.h).
   void add_span(SpanKind kind, int64_t start, int64_t end, std::string detail = {});

@@ -1,5 +1,7 @@
 #include "python_stack.h"
 
+#include <algorithm>
+
 #include "terra/location_key.h"
 
 #define Py_BUILD_CORE 1
@@ -212,13 +214,13 @@ uint64_t PythonStack::innermost(const Root& root) {
   return 0;
 }
 
-std::vector<SourceFrame> PythonStack::describe(const Root& root, size_t max_frames) {
-  std::vector<SourceFrame> out;
+std::vector<terra::SourceFrame> PythonStack::describe(const Root& root, size_t max_frames) {
+  std::vector<terra::SourceFrame> out;
   PyGILState_STATE gil = PyGILState_Ensure();
   for (_PyInterpreterFrame* f = top_frame(); f && out.size() < max_frames; f = f->previous) {
     if (skip(f)) continue;
     if (f->f_code == root.stop_code) break;
-    SourceFrame s;
+    terra::SourceFrame s;
     const char* file = PyUnicode_AsUTF8(f->f_code->co_filename);
     const char* fn = PyUnicode_AsUTF8(f->f_code->co_qualname);
     if (!file || !fn) PyErr_Clear();
@@ -229,6 +231,7 @@ std::vector<SourceFrame> PythonStack::describe(const Root& root, size_t max_fram
     if (f == root.frame) break;
   }
   PyGILState_Release(gil);
+  std::reverse(out.begin(), out.end());
   return out;
 }
 

@@ -13,13 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace terra::runtime {
+#include "terra/location_key.h"
 
-struct SourceFrame {
-  std::string file;
-  std::string function;
-  int line = 0;
-};
+namespace terra::runtime {
 
 class PythonStack {
  public:
@@ -35,8 +31,9 @@ class PythonStack {
   static uint64_t hash(const Root& root, uint64_t* innermost = nullptr);
   // The current frame's part alone: what a call's frame is, without walking its callers.
   static uint64_t innermost(const Root& root);
-  // The same frames as readable source positions, innermost first (takes the GIL).
-  static std::vector<SourceFrame> describe(const Root& root, size_t max_frames = 8);
+  // The innermost `max_frames` of the same frames as readable source positions, outermost first
+  // (terra::SourceInfo's order; takes the GIL).
+  static std::vector<terra::SourceFrame> describe(const Root& root, size_t max_frames = 8);
   // The calling Python frame, and the frame that called a given one.
   static const void* current_frame();
   static const void* caller(const void* frame);

@@ -30,10 +30,21 @@ std::string to_string(const LocationKey& key) {
   return buf;
 }
 
+const SourceFrame* user_frame(const SourceInfo& source) {
+  for (auto f = source.frames.rbegin(); f != source.frames.rend(); ++f) {
+    bool library = false;
+    for (const char* dir : {"/torch/", "/terra/", "/terra_kernel/"})
+      library = library || f->file.find(dir) != std::string::npos;
+    if (!library) return &*f;
+  }
+  return source.frames.empty() ? nullptr : &source.frames.back();
+}
+
 std::string describe(const SourceInfo& source) {
   std::string out = source.op_name.empty() ? "op" : source.op_name;
-  if (source.frames.empty()) return out;
-  const SourceFrame& f = source.frames.back();
+  const SourceFrame* user = user_frame(source);
+  if (!user) return out;
+  const SourceFrame& f = *user;
   out += " at " + f.file + ":" + std::to_string(f.line);
   if (!f.function.empty()) out += " in " + f.function;
   return out;

@@ -142,18 +142,22 @@ struct ReasonText {
   const char* sentence;
 };
 constexpr ReasonText kReasons[kFallbackReasons] = {
-    {"warmup", "still tracing: the region needs more iterations that add nothing new"},
-    {"new_branch", "the program took a branch the graph had not seen; it was traced and merged"},
-    {"new_op", "an op ran at a location the graph had not seen; it was traced and merged"},
-    {"new_shape", "an op produced a new shape, dtype or device; it was traced and merged"},
-    {"new_input", "an op input came from a value it had not come from before; it was traced and merged"},
-    {"node_cap", "the region has more ops than max_nodes allows, so it stays eager (raise max_nodes)"},
-    {"divergence_cap", "the loop left co-execution for new paths max_divergences times, so it stays eager (raise max_divergences)"},
-    {"unsupported_op", "an op the graph runner cannot replay; this region runs eagerly"},
-    {"exception", "the iteration raised an exception; it finished eagerly"},
-    {"interrupt", "the iteration was interrupted; it finished eagerly"},
-    {"engine_error", "an internal Terra error; the region fell back to eager (please report it)"},
-    {"disabled", "co-execution is off (enabled=off): the region is traced, never co-executed"},
+    {"warmup", "still tracing: the loop needs more iterations that add nothing new"},
+    {"new_branch", "a branch the trace has not taken"},
+    {"new_op", "an op the trace has not seen at this point of the program"},
+    {"new_shape", "an op produced a new shape, dtype or device"},
+    {"new_input", "an op input came from a value it had not come from before"},
+    {"new_arguments", "the arguments differ from the trace"},
+    {"new_leaves", "the leaves this backward reaches are not the traced ones (a new model?)"},
+    {"never_steady", "never steady: traced iterations in a row each met an op the trace had not seen, "
+                     "so the loop is traced rather than co-executed"},
+    {"node_cap", "node cap: the graph holds max_nodes nodes, so the rest runs eagerly (raise max_nodes)"},
+    {"divergence_cap", "the loop left co-execution for new paths max_divergences times, so it stays eager "
+                       "(raise max_divergences)"},
+    {"eager_call", "left co-execution for a call it runs eagerly"},
+    {"warning", "it raised a warning while run by the GraphRunner: from now on it runs on the program "
+                "thread (a fetch), so its warnings come at its call, as eagerly"},
+    {"disabled", "co-execution is off (enabled=off): the loop is traced, never co-executed"},
 };
 
 }  // namespace
@@ -232,10 +236,36 @@ FallbackReason reason_for(const MergeResult& result) {
   return FallbackReason::Warmup;
 }
 
-void FallbackLog::record(FallbackReason reason, std::string detail) {
+std::string describe(FallbackReason reason, const std::string& detail) {
+  return detail.empty() ? describe(reason) : std::string(describe(reason)) + ": " + detail;
+}
+
+namespace {
+
+bool same_place(const std::shared_ptr<const SourceInfo>& a, const std::shared_ptr<const SourceInfo>& b) {
+  if (!a || !b) return a == b;
+  if (a->op_name != b->op_name) return false;
+  const SourceFrame* fa = user_frame(*a);
+  const SourceFrame* fb = user_frame(*b);
+  if (!fa || !fb) return fa == fb;
+  return fa->file == fb->file && fa->line == fb->line;
+}
+
+}  // namespace
+
+Fallback* FallbackLog::record(FallbackReason reason, std::string detail, std::shared_ptr<const SourceInfo> source,
+                              uint32_t after) {
   counts_[static_cast<int>(reason)]++;
-  if (recent_.size() == kRecent) recent_.pop_front();
-  recent_.push_back({reason, std::move(detail)});
+  for (Fallback& f : entries_) {
+    if (f.reason == reason && same_place(f.source, source)) {
+      f.detail = std::move(detail);
+      ++f.count;
+      return &f;
+    }
+  }
+  if (entries_.size() == kMaxEntries) return nullptr;
+  entries_.push_back({reason, std::move(detail), std::move(source), 1, after});
+  return &entries_.back();
 }
 
 uint64_t FallbackLog::total() const {
@@ -248,10 +278,10 @@ std::string FallbackLog::explain() const {
   if (total() == 0) return "no fallbacks\n";
   std::string out;
   for (int r = 0; r < kFallbackReasons; ++r)
-    if (counts_[r])
-      out += std::to_string(counts_[r]) + " x " + kReasons[r].name + ": " + kReasons[r].sentence + "\n";
-  for (const Entry& e : recent_)
-    if (!e.detail.empty()) out += "  latest " + std::string(to_string(e.reason)) + ": " + e.detail + "\n";
+    if (counts_[r]) out += std::to_string(counts_[r]) + " x " + kReasons[r].name + "\n";
+  for (const Fallback& f : entries_)
+    out += "  " + std::to_string(f.count) + " x " + (f.source ? describe(*f.source) : std::string("?")) + ": " +
+           f.text() + "\n";
   return out;
 }
 

@@ -80,6 +80,11 @@ def test_new_branch_diverges_with_a_reason_and_stays_correct():
     assert any("trace" in r["reason"] for r in reasons), reasons
     where = reasons[0]["where"]
     assert where is not None and where[0].endswith("test_engine.py"), reasons
+    # One entry per reason and place, named (terra/policy.h's FallbackReason); frames outermost
+    # first, the user's own frame among them.
+    assert all(r["kind"] in ("new_branch", "new_op", "new_arguments") for r in reasons), reasons
+    assert reasons[0]["source"][0][2] == "run" and tuple(where) in map(tuple, reasons[0]["source"]), reasons
+    assert len({(r["kind"], r["op"], tuple(r["where"])) for r in reasons}) == len(reasons), reasons
 
 
 def alternating(x, w, steps):

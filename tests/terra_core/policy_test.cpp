@@ -131,20 +131,45 @@ TEST(Policy, EveryReasonHasANameAndASentence) {
   }
 }
 
-TEST(FallbackLog, CountsAndExplains) {
+std::shared_ptr<const SourceInfo> at(const char* op, std::vector<SourceFrame> frames) {
+  return std::make_shared<const SourceInfo>(SourceInfo{op, std::move(frames)});
+}
+
+TEST(FallbackLog, OneEntryPerReasonOpAndUserLineCountedWithTheLatestDetail) {
   FallbackLog log;
   EXPECT_EQ(log.explain(), "no fallbacks\n");
-  log.record(FallbackReason::NewBranch, "aten::relu at train.py:7 in step");
-  log.record(FallbackReason::NewBranch);
-  log.record(FallbackReason::Exception, "ValueError at train.py:9");
-  EXPECT_EQ(log.count(FallbackReason::NewBranch), 2u);
-  EXPECT_EQ(log.total(), 3u);
-  std::string text = log.explain();
-  EXPECT_NE(text.find("2 x new_branch"), std::string::npos) << text;
-  EXPECT_NE(text.find("train.py:7"), std::string::npos) << text;
-  for (int i = 0; i < 100; ++i) log.record(FallbackReason::NewShape, "x");
-  EXPECT_EQ(log.recent().size(), FallbackLog::kRecent);
-  EXPECT_EQ(log.count(FallbackReason::NewShape), 100u);
+  const SourceFrame step{"/home/u/train.py", 7, "step"}, lib{"/x/site-packages/torch/nn/functional.py", 80, "relu"};
+  log.record(FallbackReason::NewBranch, "", at("aten::relu", {step, lib}), 3);
+  log.record(FallbackReason::NewBranch, "", at("aten::relu", {step}));  // same user line
+  log.record(FallbackReason::NewArguments, "element 0 is Float[3]", at("aten::relu", {step}));
+  log.record(FallbackReason::NewArguments, "element 0 is Float[4]", at("aten::relu", {step}));
+  log.record(FallbackReason::NewBranch, "", at("aten::relu", {{"/home/u/train.py", 9, "step"}}));
+  EXPECT_EQ(log.count(FallbackReason::NewBranch), 3u);
+  EXPECT_EQ(log.total(), 5u);
+  ASSERT_EQ(log.entries().size(), 3u);
+  EXPECT_EQ(log.entries()[0].count, 2u);
+  EXPECT_EQ(log.entries()[0].after, 3u);
+  EXPECT_EQ(log.entries()[1].text(), "the arguments differ from the trace: element 0 is Float[4]");
+  const std::string text = log.explain();
+  EXPECT_NE(text.find("3 x new_branch"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 x aten::relu at /home/u/train.py:7 in step: a branch"), std::string::npos) << text;
+  for (uint32_t i = 0; i < 2 * FallbackLog::kMaxEntries; ++i)
+    log.record(FallbackReason::NewShape, "x", at("aten::add", {{"f.py", static_cast<int>(i), "g"}}));
+  EXPECT_EQ(log.entries().size(), FallbackLog::kMaxEntries);  // bounded; counts go on
+  EXPECT_EQ(log.count(FallbackReason::NewShape), 2 * FallbackLog::kMaxEntries);
+}
+
+TEST(SourceInfo, TheUserFrameIsTheInnermostOutsideTorchAndTerra) {
+  const SourceFrame cell{"/tmp/ipykernel/123.py", 4, "<module>"}, fit{"/home/u/train.py", 12, "fit"};
+  const SourceFrame lib{"/usr/lib/python3/site-packages/torch/optim/sgd.py", 90, "step"};
+  const SourceFrame kernel{"/usr/lib/python3/site-packages/terra_kernel/coexec.py", 5, "run"};
+  const SourceInfo source{"aten::add_", {cell, fit, lib}};
+  ASSERT_NE(user_frame(source), nullptr);
+  EXPECT_EQ(user_frame(source)->line, 12);
+  EXPECT_EQ(describe(source), "aten::add_ at /home/u/train.py:12 in fit");
+  const SourceInfo library_only{"aten::mul", {kernel, lib}};
+  EXPECT_EQ(user_frame(library_only)->line, 90);  // none of the user's: the innermost
+  EXPECT_EQ(user_frame(SourceInfo{"aten::mul", {}}), nullptr);
 }
 
 }  // namespace

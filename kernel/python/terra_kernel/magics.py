@@ -205,7 +205,7 @@ class TerraMagics(Magics):
         branches = [(i, n) for i, n in enumerate(nodes) if len(n["succ"]) > 1]
         print(f"branch points: {len(branches)}")
         for i, n in branches[:20]:
-            where = viewdata.user_frame(n["source"])
+            where = n["where"]
             line = f" (line {where[1]})" if where else ""
             taken = ", ".join(f"→{to} ×{count}" for to, count in n["succ"])
             print(f"  #{i} {n['label']}{line}: {taken}")

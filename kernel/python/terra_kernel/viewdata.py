@@ -7,16 +7,7 @@ trace. Keys the views do not know are passed through untouched.
 """
 import linecache
 
-LIBRARY_MARKERS = ("/torch/", "/terra/", "/terra_kernel/")
 LANES = {"python": "Python thread", "graph": "GraphRunner"}
-
-
-def user_frame(frames):
-    """The innermost frame of the user's own code (not torch's or Terra's), else None."""
-    for frame in frames or ():
-        if not any(marker in frame[0] for marker in LIBRARY_MARKERS):
-            return frame
-    return None
 
 
 def place(shell, filename):
@@ -27,9 +18,9 @@ def place(shell, filename):
     return filename
 
 
-def where(shell, frames):
-    """The user's line behind an op: cell (or file), line, function and the line's text."""
-    frame = user_frame(frames)
+def where(shell, frame):
+    """The user's line behind an op (the engine's `where`: file, line, function): cell (or file),
+    line, function and the line's text."""
     if frame is None:
         return None
     filename, line, function = frame[0], int(frame[1]), frame[2]
@@ -64,9 +55,9 @@ def graph(terra, shell, name, label=None):
     data = dict(terra.graph_json(name))
     data["cell"] = label or data.get("name", name)
     for node in data.get("nodes", ()):
-        node["where"] = where(shell, node.get("source"))
+        node["where"] = where(shell, node.get("where"))
     for fallback in data.get("fallbacks", ()):
-        fallback["where"] = where(shell, fallback.get("source"))
+        fallback["where"] = where(shell, fallback.get("where"))
     return data
 
 

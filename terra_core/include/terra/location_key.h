@@ -93,7 +93,10 @@ struct SourceInfo {
   std::string op_name;              // "aten::addmm" or "torch.nn.functional.linear"
   std::vector<SourceFrame> frames;  // outermost first
 };
-// "aten::addmm at train.py:12 in step": the op and its innermost user frame, for messages.
+// The innermost frame of the user's own code: not in PyTorch, Terra or its kernel (files under
+// a `torch/`, `terra/` or `terra_kernel/` directory); else the innermost frame; null if none.
+const SourceFrame* user_frame(const SourceInfo& source);
+// "aten::addmm at train.py:12 in step": the op and its user frame, for messages.
 std::string describe(const SourceInfo& source);
 
 // Per-iteration occurrence counts of (op, stack): the runtime calls `key` for every op it meets and

@@ -14,7 +14,7 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,40 +77,51 @@ enum class FallbackReason : uint8_t {
   NewOp,          // an op never seen at this location
   NewShape,       // a known op produced a new shape, dtype or device
   NewInput,       // an input came from somewhere it had not come from before
-  NodeCap,        // the TraceGraph grew past max_nodes
+  NewArguments,   // a known op's arguments differ from every traced variant
+  NewLeaves,      // a backward reached leaves its trace did not (a new model)
+  NeverSteady,    // traced iterations in a row each met something new
+  NodeCap,        // the graph grew past max_nodes
   DivergenceCap,  // the iteration start left co-execution max_divergences times
-  UnsupportedOp,  // an op the GraphRunner cannot replay
-  Exception,      // the iteration raised
-  Interrupt,      // KeyboardInterrupt
-  EngineError,    // a fault inside Terra, degraded to eager
+  EagerCall,      // a call Terra runs eagerly (autograd.grad, a custom Function, a thread start)
+  Warning,        // an op raised a warning on the GraphRunner: it runs on the program thread
   Disabled,       // co-execution is off (enabled=off): traced only
 };
-inline constexpr int kFallbackReasons = 12;
+inline constexpr int kFallbackReasons = 13;
 const char* to_string(FallbackReason reason);  // short name: "new_branch"
 const char* describe(FallbackReason reason);   // a sentence for the user
+// What `%terra explain` says of a fallback: the reason's sentence, then the detail if any.
+std::string describe(FallbackReason reason, const std::string& detail);
 
 // The divergence a merge revealed; only meaningful when result.first != Novelty::None.
 FallbackReason reason_for(const MergeResult& result);
 
-// Counts per reason for one graph, and the latest few occurrences with their details (which op,
-// where in the user's code), bounded so a flapping region cannot grow memory.
+// One kind of fallback at one place of the program, counted.
+struct Fallback {
+  FallbackReason reason = FallbackReason::NewBranch;
+  std::string detail;                        // what exactly differed (the latest occurrence's)
+  std::shared_ptr<const SourceInfo> source;  // the op and where in the program; may be null
+  uint64_t count = 0;
+  uint32_t after = UINT32_MAX;  // the caller's id of the node the iteration followed last
+  std::string text() const { return describe(reason, detail); }
+};
+
+// A graph's fallbacks: one entry per reason, op and user line (user_frame), so a loop that leaves
+// co-execution at the same place a thousand times has one entry counted a thousand times; at most
+// kMaxEntries places (counts per reason go on past that).
 class FallbackLog {
  public:
-  struct Entry {
-    FallbackReason reason;
-    std::string detail;
-  };
-  static constexpr size_t kRecent = 16;
+  static constexpr size_t kMaxEntries = 256;
 
-  void record(FallbackReason reason, std::string detail = {});
+  Fallback* record(FallbackReason reason, std::string detail, std::shared_ptr<const SourceInfo> source,
+                   uint32_t after = UINT32_MAX);
   uint64_t count(FallbackReason reason) const { return counts_[static_cast<int>(reason)]; }
   uint64_t total() const;
-  const std::deque<Entry>& recent() const { return recent_; }
-  std::string explain() const;  // one line per reason seen, then the recent details
+  const std::vector<Fallback>& entries() const { return entries_; }
+  std::string explain() const;  // one line per reason seen, then each place
 
  private:
   std::array<uint64_t, kFallbackReasons> counts_{};
-  std::deque<Entry> recent_;
+  std::vector<Fallback> entries_;
 };
 
 // Consecutive traced iterations that added nothing (no node, control edge, producer or shape).

@@ -314,14 +314,14 @@ def stats(name=None):
 
 
 def explain(name=None):
-    """Every fallback to eager execution: reason, op, count and the user's source line."""
+    """Every fallback to eager execution, one entry per reason and place: reason (a sentence and
+    the detail), kind (its short name, terra/policy.h's FallbackReason), op, count, source (the
+    frames, outermost first) and where (the user's own frame: file, line, function)."""
     names = [name] if name is not None else _c().graphs()
     out = []
     for graph in names:
         for f in _c().fallbacks(graph):
-            user = next((fr for fr in f["source"] if "/torch/" not in fr[0] and "/terra/" not in fr[0]),
-                        f["source"][0] if f["source"] else None)
-            out.append(dict(f, graph=graph, where=user))
+            out.append(dict(f, graph=graph))
     return out
 
 
@@ -339,11 +339,12 @@ def _graph_name(name):
 def graph_json(name=None):
     """One graph (the most recently entered when name is None) for viewers, as plain data:
 
-    nodes [{id, label, op, kind, shapes, count, source [(file, line, function)...] innermost
-    first, fallback}], edges [{from, to, count}], blocks [{id, nodes}] (basic blocks in
-    switch-case order, from the core's case assignment), switch_cases [{block, entering: edge
-    indices}], back_edges, last_path (node ids of the last iteration), fallbacks [{reason, op,
-    count, source, node: the node the iteration left after}], stats."""
+    nodes [{id, label, op, kind, shapes, count, source [(file, line, function)...] outermost
+    first, where (the user's own frame), fallback}], edges [{from, to, count}], blocks [{id,
+    nodes}] (basic blocks in switch-case order, from the core's case assignment), switch_cases
+    [{block, entering: edge indices}], back_edges, last_path (node ids of the last iteration),
+    fallbacks [{reason, kind, op, count, source, where, node: the node the iteration left
+    after}], stats."""
     return _c().graph_json(_graph_name(name))
 
 
