@@ -21,17 +21,6 @@ namespace {
 
 constexpr uint32_t kNoNode = UINT32_MAX;
 
-terra::TensorMeta core_meta(const TensorMeta& m) {
-  terra::TensorMeta out;
-  out.sizes = m.sizes;
-  out.strides = m.strides;
-  out.dtype = static_cast<int8_t>(m.dtype);
-  out.device_type = static_cast<int8_t>(m.device.type());
-  out.device_index = m.device.index();
-  out.requires_grad = m.requires_grad;
-  return out;
-}
-
 const char* kind_name(const OpTemplate& t) {
   switch (t.kind) {
     case OpKind::Marker: return "iteration";
@@ -114,7 +103,7 @@ void Graph::record_path(std::vector<uint32_t>& path) {
       terra::OpRecord op;
       op.key = path_key(*this, id);
       for (const OutSpec& o : t.outs)
-        if (!o.none) op.outputs.push_back(core_meta(o.meta));
+        if (!o.none) op.outputs.push_back(o.meta);
       op.source = t.source;
       op.is_fetch = t.mode == ExecMode::Fetch;
       trace.ops.push_back(std::move(op));
@@ -218,7 +207,7 @@ nlohmann::json to_json(const Graph& g) {
     const Node& n = g.nodes[id];
     json shapes = json::array();
     for (const OutSpec& o : n.tmpl.outs)
-      if (!o.none) shapes.push_back(o.meta.str());
+      if (!o.none) shapes.push_back(describe(o.meta));
     nodes.push_back({{"id", id},
                      {"label", n.tmpl.label()},
                      {"op", n.tmpl.name},

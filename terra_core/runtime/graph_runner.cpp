@@ -98,9 +98,9 @@ void fill_output(WorkItem& item, size_t k, const at::Tensor& value) {
   if (k >= item.outs.size() || !item.outs[k]) return;
   // The placeholder handed out carries the traced metadata: a value that disagrees (an op whose
   // output shape depends on data, not declared as such) must not go unnoticed.
-  TORCH_CHECK(!item.expect || (*item.expect)[k].meta.matches(value),
+  TORCH_CHECK(!item.expect || matches((*item.expect)[k].meta, value),
               "Terra: the output of this op differs in shape/dtype from the traced one (",
-              (*item.expect)[k].meta.str(), " traced, ", TensorMeta::of(value).str(), " now)");
+              describe((*item.expect)[k].meta), " traced, ", describe(meta_of(value)), " now)");
   item.outs[k]->value = value;
 }
 

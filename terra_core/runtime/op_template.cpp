@@ -90,8 +90,8 @@ bool is_optional_tensor_list(const c10::IValue& v) {
 
 bool tensor_matches(const TensorMeta& m, bool wrapped, const at::Tensor& t) {
   if (!t.defined()) return false;
-  if (wrapped) return t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == m.dtype;
-  return !t.unsafeGetTensorImpl()->is_wrapped_number() && m.matches(t);
+  if (wrapped) return t.unsafeGetTensorImpl()->is_wrapped_number() && t.scalar_type() == scalar_type_of(m);
+  return !t.unsafeGetTensorImpl()->is_wrapped_number() && matches(m, t);
 }
 
 bool has_bool_index(const c10::IValue& v) {
@@ -245,14 +245,14 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
       a.constant = v;
     } else if (v.isTensor()) {
       a.kind = Kind::Tensor;
-      a.metas.push_back(TensorMeta::of(v.toTensor()));
+      a.metas.push_back(meta_of(v.toTensor()));
       a.wrapped.push_back(v.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
       any_tensor = any_tensor || !a.wrapped.back();
     } else if (v.isTensorList() || (!v.isNone() && is_optional_tensor_list(v))) {
       a.kind = Kind::TensorList;
       for (const c10::IValue& e : v.toList()) {
         a.present.push_back(e.isTensor());
-        a.metas.push_back(e.isTensor() ? TensorMeta::of(e.toTensor()) : TensorMeta{});
+        a.metas.push_back(e.isTensor() ? meta_of(e.toTensor()) : TensorMeta{});
         a.wrapped.push_back(e.isTensor() && e.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
         any_tensor = any_tensor || e.isTensor();
       }
@@ -276,9 +276,10 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
     }
     for (size_t j = 0; j < a.metas.size(); ++j) {
       const TensorMeta& m = a.metas[j];
-      if (!t.accelerator && !m.device.is_cpu() && !m.device.is_meta()) t.accelerator = m.device;
+      const c10::Device device = device_of(m);
+      if (!t.accelerator && !device.is_cpu() && !device.is_meta()) t.accelerator = device;
       const bool tensor = a.kind == Kind::Tensor || a.present[j];
-      t.host_scalar_args = t.host_scalar_args || (tensor && m.sizes.empty() && m.device.is_cpu() &&
+      t.host_scalar_args = t.host_scalar_args || (tensor && m.sizes.empty() && device.is_cpu() &&
                                                   !m.requires_grad && !a.wrapped[j]);
     }
     t.args.push_back(std::move(a));
@@ -345,7 +346,7 @@ void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
       o.alias_arg = alias;
       o.view = is_view(j);
       o.none = !t.defined();
-      if (t.defined()) o.meta = TensorMeta::of(t);
+      if (t.defined()) o.meta = meta_of(t);
       outs.push_back(std::move(o));
     };
     if (r.isTensor()) {
@@ -380,9 +381,9 @@ void OpTemplate::derive_from_aliases() {
   for (const OutSpec& o : outs) {
     noop_alias = noop_alias && o.alias_arg >= 0;
     aliases_args = aliases_args || o.view || o.alias_arg >= 0;
-    fresh_cpu_no_grad = fresh_cpu_no_grad && o.alias_arg < 0 && !o.meta.requires_grad && o.meta.device.is_cpu();
+    fresh_cpu_no_grad = fresh_cpu_no_grad && o.alias_arg < 0 && !o.meta.requires_grad && device_of(o.meta).is_cpu();
     if (o.none || o.alias_arg >= 0) continue;
-    uint64_t n = c10::elementSize(o.meta.dtype);
+    uint64_t n = c10::elementSize(scalar_type_of(o.meta));
     for (int64_t size : o.meta.sizes) n *= static_cast<uint64_t>(size);
     out_bytes += n;
   }
@@ -439,8 +440,8 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
         ok = v.isTensor() && tensor_matches(a.metas[0], a.wrapped[0], v.toTensor());
         if (!ok && why) {
           *why = "argument " + std::to_string(i) + " is " +
-                 (v.isTensor() ? TensorMeta::of(v.toTensor()).str() : std::string("not a tensor")) +
-                 ", traced as " + a.metas[0].str();
+                 (v.isTensor() ? describe(meta_of(v.toTensor())) : std::string("not a tensor")) +
+                 ", traced as " + describe(a.metas[0]);
         }
         break;
       case Kind::TensorList: {
@@ -466,8 +467,8 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
             const auto k = static_cast<size_t>(bad);
             const c10::IValue e = v.toList().get(k);
             *why += ": element " + std::to_string(k) + " is " +
-                    (e.isTensor() ? TensorMeta::of(e.toTensor()).str() : std::string("not a tensor")) +
-                    ", traced as " + (a.present[k] ? a.metas[k].str() : std::string("None"));
+                    (e.isTensor() ? describe(meta_of(e.toTensor())) : std::string("not a tensor")) +
+                    ", traced as " + (a.present[k] ? describe(a.metas[k]) : std::string("None"));
           }
         }
         break;

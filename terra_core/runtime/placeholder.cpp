@@ -90,31 +90,32 @@ void PlaceholderImpl::become(const at::Tensor& real) {
   }
 }
 
-TensorMeta TensorMeta::of(const at::Tensor& t) {
+TensorMeta meta_of(const at::Tensor& t) {
   TensorMeta m;
   m.sizes = t.sizes().vec();
   m.strides = t.strides().vec();
   m.storage_offset = t.storage_offset();
-  m.dtype = t.scalar_type();
-  m.device = t.device();
+  m.dtype = static_cast<int8_t>(t.scalar_type());
+  m.device_type = static_cast<int8_t>(t.device().type());
+  m.device_index = t.device().index();
   m.requires_grad = t.requires_grad();
   return m;
 }
 
-std::string TensorMeta::str() const {
+std::string describe(const TensorMeta& m) {
   std::ostringstream os;
-  os << c10::toString(dtype) << c10::IntArrayRef(sizes);
-  if (device.type() != c10::kCPU) os << "@" << device;
-  if (requires_grad) os << " requires_grad";
+  os << c10::toString(scalar_type_of(m)) << c10::IntArrayRef(m.sizes);
+  if (device_of(m).type() != c10::kCPU) os << "@" << device_of(m);
+  if (m.requires_grad) os << " requires_grad";
   return os.str();
 }
 
 at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
                             std::shared_ptr<AliasGroup> group) {
-  auto keys = c10::DispatchKeySet(c10::computeDispatchKey(meta.dtype, c10::kStrided, meta.device));
+  auto keys = c10::DispatchKeySet(c10::computeDispatchKey(scalar_type_of(meta), c10::kStrided, device_of(meta)));
   auto impl = c10::make_intrusive<PlaceholderImpl>(std::move(slot), std::move(group), keys,
-                                                   c10::scalarTypeToTypeMeta(meta.dtype),
-                                                   meta.device, /*detached=*/false);
+                                                   c10::scalarTypeToTypeMeta(scalar_type_of(meta)),
+                                                   device_of(meta), /*detached=*/false);
   impl->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
   at::Tensor t(std::move(impl));
   if (meta.requires_grad) {
@@ -281,7 +282,7 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inf
   // The program may have changed its shape in place (`t.t_()`); inference mode decides the keys
   // and the version counter of a new placeholder. Otherwise `p` dies here.
   if (!same_ints(p->sizes(), meta.sizes) || !same_ints(p->strides(), meta.strides) ||
-      p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(meta.dtype) ||
+      p->storage_offset() != meta.storage_offset || p->dtype() != c10::scalarTypeToTypeMeta(scalar_type_of(meta)) ||
       p->is_inference() != inference || (p->autograd_meta() != nullptr) != meta.requires_grad)
     return {};
   if (!p->slot_) p->slot_ = std::allocate_shared<Slot>(PoolAllocator<Slot>());

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "terra/trace.h"
 
 namespace terra::runtime {
 
@@ -131,24 +132,23 @@ inline bool same_ints(c10::IntArrayRef a, c10::IntArrayRef b) {
   return true;
 }
 
-// Metadata a placeholder is made from (recorded at trace time).
-struct TensorMeta {
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-  int64_t storage_offset = 0;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  c10::Device device = c10::Device(c10::kCPU);
-  bool requires_grad = false;
-
-  static TensorMeta of(const at::Tensor& t);
-  // Same sizes, strides, dtype, device and requires_grad (what decides the outputs' metadata).
-  // Inline: every co-executed op asks it of each tensor argument.
-  bool matches(const at::Tensor& t) const {
-    return t.scalar_type() == dtype && t.device() == device && t.requires_grad() == requires_grad &&
-           same_ints(t.sizes(), sizes) && same_ints(t.strides(), strides);
-  }
-  std::string str() const;
-};
+// The core's terra::TensorMeta (trace.h), read from and compared with ATen tensors: placeholders
+// are made from it.
+TensorMeta meta_of(const at::Tensor& t);
+inline c10::ScalarType scalar_type_of(const TensorMeta& m) { return static_cast<c10::ScalarType>(m.dtype); }
+inline c10::Device device_of(const TensorMeta& m) {
+  return c10::Device(static_cast<c10::DeviceType>(m.device_type), m.device_index);
+}
+// Same sizes, strides, dtype, device and requires_grad (what decides the outputs' metadata; not
+// the storage offset). Inline: every co-executed op asks it of each tensor argument.
+inline bool matches(const TensorMeta& m, const at::Tensor& t) {
+  const c10::Device d = t.device();
+  return static_cast<int8_t>(t.scalar_type()) == m.dtype && static_cast<int8_t>(d.type()) == m.device_type &&
+         d.index() == m.device_index && t.requires_grad() == m.requires_grad && same_ints(t.sizes(), m.sizes) &&
+         same_ints(t.strides(), m.strides);
+}
+// "Float[3, 4]", with the device where not the CPU and " requires_grad".
+std::string describe(const TensorMeta& m);
 
 at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
                             std::shared_ptr<AliasGroup> group);

@@ -847,7 +847,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
     for (const c10::IValue& r : *stack) {
       for_each_tensor(r, [&](const at::Tensor& x) {
         if (k < t.outs.size() && !t.outs[k].none && t.outs[k].alias_arg < 0 &&
-            !t.outs[k].meta.matches(x))
+            !matches(t.outs[k].meta, x))
           t.mode = ExecMode::Fetch;
         ++k;
       });

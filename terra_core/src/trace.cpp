@@ -10,6 +10,7 @@ uint64_t meta_hash(const std::vector<TensorMeta>& outputs) {
     h = hash_combine(h, m.sizes.size());
     for (int64_t s : m.sizes) h = hash_combine(h, static_cast<uint64_t>(s));
     for (int64_t s : m.strides) h = hash_combine(h, static_cast<uint64_t>(s));
+    h = hash_combine(h, static_cast<uint64_t>(m.storage_offset));
     uint64_t scalars = static_cast<uint8_t>(m.dtype) | static_cast<uint64_t>(static_cast<uint8_t>(m.device_type)) << 8 |
                        static_cast<uint64_t>(static_cast<uint8_t>(m.device_index)) << 16 |
                        static_cast<uint64_t>(m.requires_grad) << 24;

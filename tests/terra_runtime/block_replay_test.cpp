@@ -65,7 +65,7 @@ class Issuer {
       auto slot = std::make_shared<Slot>();
       slot->seq = r_.issued() + 1;
       slot->runner_allocated = true;
-      outs.push_back(make_placeholder(TensorMeta::of(l), slot, own_group(slot)));
+      outs.push_back(make_placeholder(meta_of(l), slot, own_group(slot)));
       item.outs.push_back(std::move(slot));
       bytes += l.nbytes();
     }
@@ -84,7 +84,7 @@ class Issuer {
     WorkItem& item = fill(OpKind::GradRead, {leaf}, true);
     auto slot = std::make_shared<Slot>();
     slot->seq = r_.issued() + 1;
-    at::Tensor p = make_placeholder(TensorMeta::of(like), slot, own_group(slot));
+    at::Tensor p = make_placeholder(meta_of(like), slot, own_group(slot));
     item.outs.push_back(std::move(slot));
     last_ = r_.issue();
     return p;

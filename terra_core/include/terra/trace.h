@@ -22,18 +22,21 @@
 
 namespace terra {
 
+// A tensor's metadata as traced: what the runtime validates later calls against and makes
+// placeholders from (runtime/placeholder.h reads and writes it from ATen tensors).
 struct TensorMeta {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
-  int8_t dtype = 0;         // the caller's dtype code (c10::ScalarType's value)
-  int8_t device_type = 0;   // the caller's device type code (c10::DeviceType's value)
+  int64_t storage_offset = 0;
+  int8_t dtype = 6;         // the caller's dtype code (c10::ScalarType's value; 6: Float)
+  int8_t device_type = 0;   // the caller's device type code (c10::DeviceType's value; 0: CPU)
   int8_t device_index = -1;
   bool requires_grad = false;
 
   friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
     return a.dtype == b.dtype && a.device_type == b.device_type &&
            a.device_index == b.device_index && a.requires_grad == b.requires_grad &&
-           a.sizes == b.sizes && a.strides == b.strides;
+           a.storage_offset == b.storage_offset && a.sizes == b.sizes && a.strides == b.strides;
   }
   friend bool operator!=(const TensorMeta& a, const TensorMeta& b) { return !(a == b); }
 };
