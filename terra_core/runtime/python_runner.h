@@ -11,6 +11,12 @@
 // A call that does not validate is a divergence: the GraphRunner finishes what was issued, every
 // live placeholder becomes a real tensor, and the rest of the iteration is traced. The program
 // never sees a difference except time.
+//
+// Its work is in stages, one file each: python_runner_ops.cpp (interception, tracing, validation
+// of each op), python_runner_grads.cpp (`.grad` presence after each backward),
+// python_runner_issue.cpp (work items, ops run here, host scalars, fetches),
+// python_runner_loops.cpp (iteration boundaries and the mode of each iteration), and
+// python_runner.cpp (the hook, entering and leaving graphs, fallbacks, errors).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

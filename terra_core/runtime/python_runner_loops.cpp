@@ -1,0 +1,396 @@
+// PythonRunner, iterations: loop marks and iteration boundaries, the mode each iteration runs in
+// (traced, co-executed or eager: terra::decide and the payoff check), and the way the
+// GraphRunner's OpenMP workers wait while co-executing.
+#include "python_runner.h"
+
+#include "backward_hooks.h"
+#include "openmp_team.h"
+#include "runner_allocator.h"
+#include "terra/location_key.h"
+#include "timeline.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include <pthread.h>
+
+#include "python_runner_parts.h"
+
+namespace terra::runtime {
+
+using namespace runner_parts;
+
+namespace {
+
+// A loop's exit boundary is its id XOR this (terra/_loops.py: EXIT). Loop ids are even and EXIT is
+// odd, so an odd boundary is a loop's exit.
+constexpr uint64_t kLoopExit = 0x5A5A000000000001ULL;
+
+// Eager iterations after co-execution first lost with the GraphRunner's idle workers spinning,
+// before it is timed with them asleep (Graph::workers_asleep, PythonRunner::choose_workers).
+constexpr int64_t kFirstAsleepRecheck = 8;
+
+// Below this share of a spinning co-executed iteration's wall time, the workers' CPU is noise
+// (hf_bert's spinning worker used about one core: 10 ms of CPU per 9-12 ms step).
+constexpr double kWorkersCpuShare = 0.1;
+
+// Whether the GraphRunner's idle workers took CPU while spinning (true where not measured):
+// asleep saves only that.
+bool workers_took_cpu(const Graph& g) {
+  return g.spinning_seconds <= 0 || g.spinning_workers_cpu >= kWorkersCpuShare * g.spinning_seconds;
+}
+
+}  // namespace
+
+void PythonRunner::mark(uint64_t boundary, bool helper) {
+  // A loop of the program's own functions run by another thread (a logger, a prefetcher) marks
+  // nothing: iterations are the session thread's, and that thread's ops are the ones traced.
+  if (mode_ == Mode::Off || std::this_thread::get_id() != owner_) return;
+  if (!track_loop(boundary, helper)) return;
+  // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
+  // boundary again costs a comparison. An eager iteration's ops are not followed (`cur_` stays at
+  // the root), so eager iterations are cut at every mark: counted, and timed (payoff.h).
+  if (boundary == boundary_ && cur_ == root_node_ && mode_ != Mode::Eager) return;
+  end_iteration();
+  begin_iteration(boundary);
+}
+
+bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
+  // Open loops, innermost last. A loop left without its exit boundary (a return, an exception)
+  // is closed when a loop around it marks again.
+  auto open = [&](uint64_t id) {
+    for (size_t i = open_loops_.size(); i-- > 0;)
+      if (open_loops_[i].id == id) return i;
+    return open_loops_.size();
+  };
+  const bool exit = (boundary & 1) != 0;
+  const uint64_t loop = exit ? boundary ^ kLoopExit : boundary;
+  const size_t at = open(loop);
+  bool inside_run_loop = false;  // inside another loop of the run function (of the cell)
+  for (const OpenLoop& l : open_loops_)
+    if (!l.helper && l.id != loop) inside_run_loop = true;
+  // Inside a loop of the run function, a loop is part of that loop's iteration when it is a
+  // helper's (a function defined next to the one terra.run runs: a Trainer.fit called once from
+  // main is what the program iterates, but a model's loop over its layers or time steps, called
+  // inside the training loop, is part of its iteration; marked, corpus p07's RNN time loop made
+  // 4-op iterations with ragged counts: 1.53x -> 1.85x eager's time, two benchmark transformers
+  // 1.0x -> 1.2x) or when its iterations are a few ops each (absorbs).
+  if (inside_run_loop && (helper ? at == open_loops_.size() : absorbs(loop))) {
+    open_loops_.resize(std::min(at, open_loops_.size()));  // absorbed while it ran
+    return false;
+  }
+  if (at < open_loops_.size()) {
+    open_loops_.resize(exit ? at : at + 1);
+  } else if (!exit) {
+    open_loops_.push_back({boundary, helper});
+  } else if (helper) {
+    return false;  // the exit of a helper loop that was not an iteration
+  }
+  return true;
+}
+
+bool PythonRunner::absorbs(uint64_t loop) {
+  // A loop of the run function (of the cell) nested in another one whose iterations are a few ops
+  // each (a loop over the parameters: a manual SGD update, weight clipping, an EMA of the
+  // weights) is part of the enclosing loop's iteration, as a helper's loop is: marked, each
+  // parameter's update was an iteration of its own, with an iteration's costs on both threads
+  // for two ops, and the training step between them was cut into pieces (corpus p11, p25, p26
+  // co-executed 5-22% of their iterations). A loop of whole training steps (an epoch loop's
+  // batches) issues far more ops per iteration and stays the iteration. Absorbed for good: the
+  // iteration running when it is absorbed goes on to the enclosing loop's next boundary and adds
+  // those ops to its counts. At the outermost level it is an iteration again.
+  constexpr uint64_t kAbsorbAfter = 6;  // iterations seen (traced or co-executed)
+  constexpr uint64_t kFewOps = 8;       // ops per iteration, at most, on average
+  auto it = graph_->roots.find(loop);
+  if (it == graph_->roots.end()) return false;
+  Graph::Root& r = it->second;
+  r.absorbed = r.absorbed || (r.iterations_seen >= kAbsorbAfter && r.ops_seen <= kFewOps * r.iterations_seen);
+  return r.absorbed;
+}
+
+void PythonRunner::end_iteration() {
+  returned_.reset();  // kept for the iteration's next op only
+  auto& root = graph_->roots[boundary_];
+  const int64_t end = now_ns();
+  if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) {
+    ++root.iterations_seen;
+    root.ops_seen += path_.empty() ? 0 : path_.size() - 1;  // the nodes followed, after the root
+  }
+  double seconds = static_cast<double>(end - iteration_start_ns_) * 1e-9;
+  coexec_run_ = mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec ? coexec_run_ + 1 : 0;
+  // Not steady: the interval coexec_seconds measures holds the GraphRunner's first co-executed
+  // iteration, whose tail after a switch includes making an OpenMP team (2-13 ms on a fresh
+  // thread) and usually recording a block. Later recordings stay in: a program with several paths
+  // (ragged batches) records one per path, a recurring cost of co-executing it (corpus p02 was
+  // held co-executed at 3.4x eager's step time when they were left out).
+  const bool steady = coexec_run_ == 0 || coexec_run_ >= kCoexecRunBeforeSample;
+  if (policy_.adaptive && coexec_run_ > 0) {
+    seconds = coexec_seconds(seconds);
+    graph_->iterations_unsteady += !steady;
+  } else {
+    completed_ns_ = 0;
+  }
+  if (mode_ != Mode::Off) {
+    add_span(mode_ == Mode::CoExec ? SpanKind::CoExec
+             : mode_ == Mode::Eager ? SpanKind::Eager
+             : diverged_            ? SpanKind::Fallback
+                                    : SpanKind::Tracing,
+             iteration_start_ns_, end);
+  }
+  switch (mode_) {
+    case Mode::Tracing:
+      if (diverged_) {
+        ++graph_->iterations_fallback;
+      } else {
+        ++graph_->iterations_traced;
+      }
+      root.warmup.observe(added_);
+      root.unsteady = first_new_ != kNoNode && !diverged_ ? root.unsteady + 1 : 0;
+      if (root.unsteady == kUnsteadyRunToExplain) explain_unsteady();
+      graph_->traced_seconds += seconds;
+      break;
+    case Mode::CoExec:
+      ++graph_->iterations_coexecuted;
+      graph_->coexec_seconds += seconds;
+      break;
+    case Mode::Eager:
+      ++graph_->iterations_eager;
+      graph_->iterations_eager_chosen += chosen_eager_;
+      break;
+    case Mode::Off:
+      break;
+  }
+  if (choosing_spin()) note_workers_cpu(static_cast<double>(end - iteration_start_ns_) * 1e-9);
+  if (policy_.adaptive && (chosen_eager_ || iteration_mode_ == Mode::CoExec)) {
+    // Clean: the whole iteration ran in one mode, and so did the one before it; a co-executed
+    // one also measured the GraphRunner in its steady state (coexec_seconds).
+    const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
+    const uint32_t checks = graph_->payoff.checks();
+    // While the workers' two ways alternate, co-execution is timed for the payoff check the way it
+    // won (A) only: a check right after a block of a slower way B (dcgan asleep: 1.3x) would time
+    // co-execution at B's times, and hold eager execution for it.
+    const bool other_way = !chosen_eager_ && graph_->workers_trial == Graph::WorkersTrial::Pairing &&
+                           graph_->workers_pairing.b();
+    graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
+                          policy_.payoff_check_budget);
+    if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
+    if (choosing_spin()) pair_workers(clean, seconds);
+  } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
+             previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
+    graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
+  }
+  previous_mode_ = mode_;
+  // The GraphRunner has every item of this iteration: it may record it as a block, or it has
+  // replayed one (block_replay.h).
+  if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
+  if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
+  if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
+  if (live_.size() > live_prune_at_) {
+    live_.erase(std::remove_if(live_.begin(), live_.end(), [](const auto& w) { return w.expired(); }),
+                live_.end());
+    live_prune_at_ = 2 * live_.size() + kLivePruneSlack;
+  }
+  if (runner_) runner_->reclaim(/*all=*/false, &pool_);  // called from Python: the GIL is held
+}
+
+double PythonRunner::coexec_seconds(double span_seconds) {
+  // A co-executed iteration is done when the GraphRunner has run its ops, not when Python has
+  // issued them: the program thread may run up to kAheadHigh ops ahead, several iterations of a
+  // small loop, and timed alone it made co-execution look up to 300x faster than it was (corpus
+  // p26 with 1 intra-op thread: co-executed for 5.9x eager's step time). So iteration k ends,
+  // for the payoff check, once the GraphRunner has also finished iteration k-1: the gaps between
+  // those moments are the pipeline's throughput, and the program keeps one iteration of lead.
+  wait_for(completed_seq_, "iteration end (payoff timing)");
+  const int64_t done = now_ns();
+  const bool follows = completed_ns_ != 0 && previous_mode_ == Mode::CoExec;
+  const double seconds = follows ? static_cast<double>(done - completed_ns_) * 1e-9 : span_seconds;
+  completed_ns_ = done;
+  completed_seq_ = runner_ ? runner_->issued() : 0;
+  return seconds;
+}
+
+void PythonRunner::begin_iteration(uint64_t boundary) {
+  boundary_ = boundary;
+  added_ = diverged_ = false;
+  first_new_ = kNoNode;
+  iteration_start_ns_ = now_ns();
+  ++iteration_serial_;
+  auto it = graph_->roots.find(boundary);
+  if (it == graph_->roots.end()) {
+    OpTemplate marker;
+    marker.kind = OpKind::Marker;
+    char name[40];
+    snprintf(name, sizeof(name), "iteration %016llx", static_cast<unsigned long long>(boundary));
+    marker.name = name;
+    Graph::Root root;
+    root.node = graph_->add_node(std::move(marker), terra::hash_combine(boundary, 0x17e7));
+    it = graph_->roots.emplace(boundary, root).first;
+    added_ = true;
+  }
+  const Graph::Root& root = it->second;
+  cur_ = root_node_ = root.node;
+  path_.clear();
+  uncounted_.clear();  // counts restart with the iteration
+  path_.push_back(cur_);
+  ++graph_->nodes[cur_].count;
+  const bool was_chosen_eager = chosen_eager_;
+  chosen_eager_ = false;
+  const terra::Decision decision = terra::decide(policy_, {graph_->nodes.size(), root.warmup.quiet, root.divergences});
+  Mode want = decision.action == terra::Decision::Action::StayEager ? Mode::Eager
+              : decision.action == terra::Decision::Action::CoExecute ? stable_mode()
+                                                                       : Mode::Tracing;
+  // A switch the payoff check asked for moves the OpenMP team at once, rate limit or not: eager
+  // iterations timed while the GraphRunner still held a team would be timed with two teams.
+  // Entering an eager hold from a traced iteration (co-execution was left earlier, the team then
+  // held back by the rate limit) moves it too: otherwise the hold's eager ops ran with two teams,
+  // every parallel region a futex hand-off (corpus p03: 0.6-1.6 ms per eager step against 0.56).
+  // A hold has no co-executed iterations, so this cannot thrash.
+  if (mode_ == Mode::CoExec && want != Mode::CoExec) {
+    catch_up(/*move_team=*/chosen_eager_);
+  } else if (chosen_eager_ && runner_ && runner_team_) {
+    take_team_back(/*always=*/true);
+  }
+  // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them
+  // (at most once per kTeamMoveNs); the GraphRunner's goes when the program runs ops itself again
+  // (take_team_back).
+  if (want == Mode::CoExec && mode_ != Mode::CoExec) {
+    // A loop's first entry moves the team whatever the rate limit (once per loop, so it cannot
+    // thrash): held back, the loop's first co-executed iterations ran with two teams (corpus p03:
+    // a 3-iteration setup loop co-executed once, then the training loop's first co-executed
+    // iteration took 3.3 ms against 0.35 ms later).
+    if (was_chosen_eager || !it->second.coexecuted || team_may_move()) release_openmp_team();
+    it->second.coexecuted = true;
+    if (was_chosen_eager) grad_defined_.clear();  // the eager iterations changed the gradients
+    runner().set_active(true);
+    runner_team_ = true;
+  }
+  if (want == Mode::CoExec) {
+    runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
+    runner().set_worker_nice(policy_.worker_nice);
+  }
+  spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == terra::Policy::WorkerSpin::Sleep ||
+                                           (choosing_spin() && graph_->workers_asleep));
+  graph_->iterations_workers_asleep += spin_limited_;
+  limit_openmp_spinning(runner_team_ && spin_limited_);
+  set_mode(want);
+  iteration_mode_ = mode_;
+  set_hook(mode_ != Mode::Eager && paused_ == 0);
+  // The pass-through entry points go back in at once when a loop is traced or co-executed (the
+  // pseudo-ops must see its `.grad` reads and backwards); they come out only after a few eager
+  // iterations in a row: each switch costs 50-180 µs (60 class attributes set), and an outer loop
+  // running eagerly around a co-executed inner one would otherwise pay two per outer iteration.
+  eager_run_ = mode_ == Mode::Eager ? eager_run_ + 1 : 0;
+  const bool hold = eager_run_ > kEagerRunBeforeHold;
+  if (eager_hold_switch_ && hold != eager_held_) {
+    eager_held_ = hold;
+    eager_hold_switch_(eager_held_);
+  }
+}
+
+void PythonRunner::note_workers_cpu(double wall_seconds) {
+  // Consecutive iterations' ends bracket each iteration; a break (an iteration not co-executed
+  // with the workers spinning, no GraphRunner) starts the chain again.
+  const bool measured = runner_ && mode_ == Mode::CoExec && iteration_mode_ == Mode::CoExec && !spin_limited_;
+  if (!measured) {
+    workers_cpu_at_ = -1.0;
+    return;
+  }
+  bool changed = false;
+  const double workers = workers_cpu_.seconds(runner_->thread_id(), changed);
+  if (workers < 0 || changed) {
+    workers_cpu_at_ = workers;  // another set of workers: from here on
+    return;
+  }
+  if (workers_cpu_at_ >= 0) {
+    graph_->spinning_seconds += wall_seconds;
+    graph_->spinning_workers_cpu += std::max(0.0, workers - workers_cpu_at_);
+  }
+  workers_cpu_at_ = workers;
+}
+
+void PythonRunner::choose_workers() {
+  Graph& g = *graph_;
+  using Trial = Graph::WorkersTrial;
+  // Asleep saves only what the spinning workers took. Where they took next to no CPU (the
+  // GraphRunner's kernels ran on its thread alone) the other way is never timed: that trial cost
+  // short programs its iterations and the idle pool's making and release (corpus p28: 5 more
+  // co-executed iterations that lost).
+  const bool other_way_may_win = g.workers_asleep || workers_took_cpu(g);
+  if (g.payoff.choice_eager()) {
+    // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
+    // wholly so): its next timing tries them the other way (Graph::workers_asleep) where that
+    // may win, the same way again where not.
+    // Where the pairing timed both ways side by side and kept the faster, the next timing keeps
+    // that way: flipped, resnet's co-execution was timed with its workers asleep after the
+    // pairing had found that way 1.4x slower (24-28 ms per step against 16-20), lost to eager
+    // execution by 1.8x and was held eager for 121 iterations.
+    const bool paired = g.workers_pairing.verdict() != terra::PairedTrial::Verdict::Running &&
+                        !g.workers_pairing.ratios().empty();  // not given up for want of clean ones
+    if (g.workers_trial == Trial::Pairing) g.workers_asleep = g.workers_asleep_before;
+    if (other_way_may_win && !paired) g.workers_asleep = !g.workers_asleep;
+    // The first loss: time co-execution again soon, not after a hold that grows with how much
+    // slower the first (warm-up) samples were (hf_llama: 18-24 of 300 steps co-executed, its
+    // asleep timing late). The same way too: the first co-executed iterations after an idle
+    // pause can take several times their later time (threads woken late on this VM; corpus p01
+    // after bench/corpus.py's eager child process: 0.82 ms against 0.12).
+    if (!g.retimed_coexec) g.payoff.recheck_within(kFirstAsleepRecheck);
+    g.retimed_coexec = true;
+    g.workers_trial = Trial::Done;  // a way that lost and one that did not, or both lost
+    return;
+  }
+  if (g.workers_trial == Trial::Untried && !other_way_may_win) {
+    g.workers_trial = Trial::Done;
+  } else if (g.workers_trial == Trial::Untried) {
+    // The first win: the two ways alternate in blocks of co-executed iterations (paired_trial.h)
+    // and the faster stays. Winning does not mean the spinning workers took no core: hf_bert's
+    // co-execution ran its steps at 9-12 ms with them spinning, beating eager's, and at 5.3-8 ms
+    // with them asleep, the spinning worker having used 10 ms of CPU per step on two cores
+    // (forced co-execution, fresh processes); in one process, alternating blocks, asleep over
+    // spinning: hf_bert 0.68, hf_gpt2 0.94, but dropblock 1.49, dcgan 1.31, bert 1.29
+    // (bench/results/worker_spin_interleaved.md).
+    g.workers_trial = Trial::Pairing;
+    g.workers_pairing = terra::PairedTrial{};
+    g.workers_asleep_before = g.workers_asleep;
+  }
+}
+
+void PythonRunner::pair_workers(bool clean, double seconds) {
+  Graph& g = *graph_;
+  // Only co-executed iterations time a way (`clean`: wholly co-executed, after one that was).
+  if (g.workers_trial != Graph::WorkersTrial::Pairing || iteration_mode_ != Mode::CoExec) return;
+  const auto verdict = g.workers_pairing.record(clean, seconds);
+  g.workers_asleep = g.workers_pairing.b() ? !g.workers_asleep_before : g.workers_asleep_before;
+  if (verdict != terra::PairedTrial::Verdict::Running) g.workers_trial = Graph::WorkersTrial::Done;
+}
+
+PythonRunner::Mode PythonRunner::stable_mode() {
+  if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
+  chosen_eager_ = true;
+  return Mode::Eager;
+}
+
+void PythonRunner::explain_unsteady() {
+  // Tracing goes on (a program with many paths may still cover them all), but the user learns
+  // why the loop is not co-executed, at the op that keeps changing. A loop that becomes steady
+  // and then not again (entered anew, going further) has one entry, counted, with the latest
+  // detail.
+  const OpTemplate& t = graph_->nodes[first_new_].tmpl;
+  graph_->fallbacks.record(terra::FallbackReason::NeverSteady,
+                           std::to_string(kUnsteadyRunToExplain) + " in a row; the last one's first: " +
+                               (first_new_why_.empty() ? std::string("a new op at this point of the program")
+                                                       : first_new_why_),
+                           t.source);
+}
+
+}  // namespace terra::runtime
