@@ -536,5 +536,36 @@ TEST(DeadValues, AValueTheProgramCanStillReachIsKept) {
   }
 }
 
+// An item that throws hands its exception (its own type, not a name in a string) and its node
+// to the program thread; the items after it are skipped, so the program's state is what eager
+// execution left at the failing op; once the error is taken, the runner works again.
+TEST(GraphRunnerErrors, AFailingItemsExceptionReachesTheProgramThreadAndLaterItemsAreSkipped) {
+  GraphRunner runner;
+  Issuer is(runner);
+  const at::Tensor x = at::randn({4});
+  const at::Tensor before = is.aten(op("aten::add", "Tensor"), {x, x, 1}, false, {x})[0];
+  const at::Tensor bad_index = at::full({1}, 7, at::kLong);
+  const at::Tensor failed =
+      is.aten(op("aten::index_select", ""), {x, int64_t{0}, bad_index}, false, {at::randn({1})})[0];
+  const uint64_t failing = is.last();
+  const at::Tensor after = is.aten(op("aten::add", "Tensor"), {before, x, 1}, false, {x})[0];
+  runner.drain();
+  ASSERT_TRUE(runner.failed());
+  EXPECT_TRUE(at::equal(as_placeholder(before)->slot()->value, x + x));  // ran before the failure
+  EXPECT_FALSE(as_placeholder(failed)->slot()->value.defined());
+  EXPECT_FALSE(as_placeholder(after)->slot()->value.defined());  // skipped
+  RunnerError error = runner.take_error();
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error.node, 2u);  // the index_select's node (Issuer numbers items 1, 2, 3)
+  EXPECT_EQ(failing, 2u);
+  EXPECT_THROW(std::rethrow_exception(error.exception), c10::IndexError);
+  EXPECT_FALSE(runner.failed());
+  const at::Tensor again = is.aten(op("aten::add", "Tensor"), {x, x, 1}, false, {x})[0];
+  runner.drain();
+  EXPECT_FALSE(runner.failed());
+  EXPECT_TRUE(at::equal(as_placeholder(again)->slot()->value, x + x));
+  runner.reclaim(/*all=*/true);
+}
+
 }  // namespace
 }  // namespace terra::runtime
