@@ -150,6 +150,27 @@ class PythonRunner {
   // memory the program changes without ops; true: the op must run before the program goes on.
   bool prepare_arguments(const OpTemplate& t, torch::jit::Stack* stack);
   void issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack);
+  // issue()'s steps (python_runner_issue.cpp; those on every op's path inlined there: called
+  // out of line they cost 80 instructions per op, 2% of the program thread's work).
+  void yield_to_parallel_region();
+  [[gnu::always_inline]] inline WorkItem& free_item(GraphRunner& r);
+  [[gnu::always_inline]] inline void fill_item(WorkItem& item, uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args, uint64_t seq);
+  [[gnu::always_inline]] inline void note_writes(uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args, uint64_t seq);
+  // The outputs' placeholders into scratch_ (reused from the pool where `reuse`).
+  struct Outputs {
+    WorkItem& item;
+    uint32_t node_id;
+    const OpTemplate& t;
+    const torch::jit::Stack& args;
+    uint64_t seq;
+    bool reuse;
+    bool inference = false;
+    std::shared_ptr<AliasGroup> base_group;  // a placeholder first argument's (its views share it)
+  };
+  [[gnu::always_inline]] inline void make_outputs(WorkItem& item, uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args,
+                    uint64_t seq, bool reuse);
+  [[gnu::always_inline]] inline at::Tensor make_output(const Outputs& out, size_t index);
+  [[gnu::always_inline]] inline void keep_pace(GraphRunner& r, bool gil);  // reclaim executed items; sleep when far ahead
   void run_fetch(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec);
   // `new_path`: the program left the traced paths (counted against Policy::max_divergences);
   // false: a known path traced again to learn something (OpTemplate::relearn).

@@ -77,166 +77,34 @@ bool non_overlapping(const at::Tensor& t) {
 
 }  // namespace
 
+// Issuing an op, in steps: wait out a parallel region of the GraphRunner's, prepare the
+// arguments, take a free work item and fill it, note the writes and host scalars, make the
+// outputs' placeholders, hand the item over, and keep pace with the GraphRunner.
 void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stack* stack) {
-  if (t.noop_alias) {
+  if (t.noop_alias) {  // the op returns arguments unchanged: nothing to run
     torch::jit::Stack returns;
     for (const OutSpec& o : t.outs) returns.push_back((*stack)[static_cast<size_t>(o.alias_arg)]);
     *stack = std::move(returns);
     return;
   }
-  if (TeamRegion::is_open()) {  // a parallel region of the GraphRunner's wants this core
-    const int64_t start = now_ns();
-    {
-      GilReleased unlocked;
-      TeamRegion::wait_out();
-    }
-    ++graph_->yields_to_parallel_regions;
-    graph_->yielded_seconds += static_cast<double>(now_ns() - start) * 1e-9;
-  }
+  if (TeamRegion::is_open()) yield_to_parallel_region();
   const bool wait_done = prepare_arguments(t, stack);
   if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();
   // The fast path holds the GIL; the dispatcher route is asked (it usually runs without).
   const bool gil = fast_ || PyGILState_Check();
   dead_.check(r.lightened(), gil);  // what the program dropped since the last issue
-  WorkItem* item;
-  if (r.has_room()) {
-    item = &r.next_item();
-  } else {
-    GilReleased unlocked;  // the ring is full: never wait holding the GIL
-    item = &r.next_item();
-  }
+  WorkItem& item = free_item(r);
   const uint64_t seq = r.issued() + 1;
-  if (t.draws(*stack)) {
-    last_random_item_ = seq;
-    random_item_iteration_ = iteration_serial_;
-  }
-  item->kind = t.kind;
-  item->op = t.op ? &*t.op : nullptr;
-  item->grad_mode = t.grad_mode;
-  item->inference_mode = t.inference_mode;
-  item->autocast = t.autocast;
-  item->node = node_id;
-  item->expect = &t.outs;
-  item->sequence_floor = at::sequence_number::peek();
-  item->num_threads = at::get_num_threads();  // as the program has it now (thread_state.h)
-  item->iteration = iteration_serial_;
-  item->graph = graph_->serial;
-  item->stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
-  item->garbage.swap(graveyard_);  // emptied by the GraphRunner: the vectors circulate
-
-  // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
-  // in one pass over the arguments.
-  if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) {
-    last_external_write_ = seq;
-    last_write_backward_ = t.kind == OpKind::Backward ? node_id : kNoNode;
-  }
-  if (t.op && (t.mutates_input || t.host_scalar_args)) {
-    const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
-    for (size_t i = 0; i < stack->size(); ++i) {
-      const c10::IValue& v = (*stack)[i];
-      const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
-      const bool writes = t.mutates_input && info && info->isWrite();
-      // Host scalars inside tensor lists count too: `_foreach_add_(state_steps, 1)` writes
-      // Adam's `step` tensors, which the optimizer then reads with `.item()`.
-      for_each_tensor(v, [&](const at::Tensor& x) {
-        if (host_scalar(x)) {
-          ScalarUse& use = scalar_use_[x.storage().unsafeGetStorageImpl()];
-          (writes ? use.write : use.read) = seq;
-        }
-        if (!writes) return;
-        auto* p = as_placeholder(x);
-        // The program sees the version an in-place op gives its tensor at once, as eagerly (the
-        // GraphRunner's op bumps the value's counter, which the placeholder takes when filled).
-        // A view of a real tensor shares no counter with it (issue's make_out).
-        if (p && p->version_counter().enabled()) p->bump_version();
-        if (p && p->group()) {
-          p->group()->last_write = seq;
-        } else {
-          last_external_write_ = seq;
-          last_write_backward_ = kNoNode;
-        }
-      });
-    }
-  }
-
-  std::shared_ptr<AliasGroup> base_group;
-  for (const c10::IValue& v : *stack) {
-    if (v.isTensor()) {
-      if (auto* p = as_placeholder(v.toTensor())) base_group = p->group();
-      break;
-    }
-  }
-  item->outs.assign(t.outs.size(), nullptr);
-  // Dropped placeholders are reused with the GIL only (the C fast path): the pool works with
-  // Python objects, and a node issued through the dispatcher route (the GIL released) would fill
-  // it with what it never takes.
-  const bool reuse = gil && t.reuses_out;
-  // An ATen op's template matched the call, inference mode included: no thread-state lookup.
-  const bool inference = t.kind == OpKind::Aten ? t.inference_mode : c10::InferenceMode::is_enabled();
-  size_t k = 0;
-  auto make_out = [&]() -> at::Tensor {
-    const OutSpec& o = t.outs[k];
-    size_t index = k++;
-    if (o.alias_arg >= 0) return (*stack)[static_cast<size_t>(o.alias_arg)].toTensor();
-    if (o.none) return at::Tensor();
-    if (reuse) {  // an ATen op's new output (OpTemplate::reuses_out), with a slot of its own
-      std::shared_ptr<Slot> slot;
-      if (at::Tensor p = pool_.take(node_id, o.meta, inference, seq, &slot); p.defined()) {
-        ++graph_->placeholders_reused;
-        item->outs[index] = std::move(slot);
-        return p;  // still in live_
-      }
-    }
-    auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
-    slot->seq = seq;
-    slot->runner_allocated = t.kind == OpKind::Aten;
-    std::shared_ptr<AliasGroup> group;
-    if (t.kind == OpKind::Aten) group = o.view ? base_group : own_group(slot);
-    // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
-    // placeholder made there would be an inference tensor, without a version counter to share).
-    const bool normal_view = o.view && inference && !stack->empty() &&
-                             (*stack)[0].isTensor() && !(*stack)[0].toTensor().is_inference();
-    std::optional<c10::InferenceMode> not_inference;
-    if (normal_view) not_inference.emplace(false);
-    at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
-    not_inference.reset();
-    // A view of a placeholder shares its version counter, as eagerly (outside inference mode).
-    // Not one of a real tensor: the GraphRunner's ops bump that counter themselves.
-    if (o.view && !inference && !stack->empty() && (*stack)[0].isTensor() &&
-        (*stack)[0].toTensor().defined()) {
-      const PlaceholderImpl* base = as_placeholder((*stack)[0].toTensor());
-      if (base && base->version_counter().enabled())
-        p.unsafeGetTensorImpl()->set_version_counter(base->version_counter());
-    }
-    if (t.indexed_view != IndexedView::None) {
-      p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(*stack));
-    }
-    if (reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(node_id);
-    item->outs[index] = std::move(slot);
-    live_.emplace_back(p.getIntrusivePtr());
-    return p;
-  };
+  fill_item(item, node_id, t, *stack, seq);
+  note_writes(node_id, t, *stack, seq);
+  make_outputs(item, node_id, t, *stack, seq, /*reuse=*/gil && t.reuses_out);
   // Buffers circulate instead of being allocated: the item takes the arguments' vector, the
   // caller's stack takes the returns' (scratch) vector, scratch takes the item's old empty one.
-  torch::jit::Stack& returns = scratch_;
-  returns.clear();
-  for (int n : t.return_sizes) {
-    if (n == -1) {
-      returns.emplace_back(make_out());
-    } else if (n >= 0) {
-      c10::List<at::Tensor> list;
-      for (int i = 0; i < n; ++i) list.push_back(make_out());
-      returns.emplace_back(std::move(list));
-    } else {
-      ++k;
-      returns.emplace_back();
-    }
-  }
-  item->args.clear();
-  item->args.swap(*stack);
-  stack->swap(returns);
-  dead_.watch(item->args, seq);
+  item.args.clear();
+  item.args.swap(*stack);
+  stack->swap(scratch_);
+  dead_.watch(item.args, seq);
   r.issue(t.out_bytes);
   if (wait_done) {
     // The op writes or aliases memory the program may change itself: it runs now, and its
@@ -244,6 +112,155 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     wait_for(seq, t.name);
     for (const c10::IValue& v : *stack) for_each_tensor(v, [&](const at::Tensor& x) { fill(x); });
   }
+  keep_pace(r, gil);
+}
+
+void PythonRunner::yield_to_parallel_region() {  // a parallel region of the GraphRunner's wants this core
+  const int64_t start = now_ns();
+  {
+    GilReleased unlocked;
+    TeamRegion::wait_out();
+  }
+  ++graph_->yields_to_parallel_regions;
+  graph_->yielded_seconds += static_cast<double>(now_ns() - start) * 1e-9;
+}
+
+WorkItem& PythonRunner::free_item(GraphRunner& r) {
+  if (r.has_room()) return r.next_item();
+  GilReleased unlocked;  // the ring is full: never wait holding the GIL
+  return r.next_item();
+}
+
+void PythonRunner::fill_item(WorkItem& item, uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args,
+                             uint64_t seq) {
+  if (t.draws(args)) {
+    last_random_item_ = seq;
+    random_item_iteration_ = iteration_serial_;
+  }
+  item.kind = t.kind;
+  item.op = t.op ? &*t.op : nullptr;
+  item.grad_mode = t.grad_mode;
+  item.inference_mode = t.inference_mode;
+  item.autocast = t.autocast;
+  item.node = node_id;
+  item.expect = &t.outs;
+  item.sequence_floor = at::sequence_number::peek();
+  item.num_threads = at::get_num_threads();  // as the program has it now (thread_state.h)
+  item.iteration = iteration_serial_;
+  item.graph = graph_->serial;
+  item.stream = t.accelerator ? current_stream(*t.accelerator) : std::nullopt;
+  item.garbage.swap(graveyard_);  // emptied by the GraphRunner: the vectors circulate
+}
+
+void PythonRunner::note_writes(uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args, uint64_t seq) {
+  // Record writes (so a later fetch waits for them) and which host scalars the GraphRunner uses,
+  // in one pass over the arguments.
+  if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) {
+    last_external_write_ = seq;
+    last_write_backward_ = t.kind == OpKind::Backward ? node_id : kNoNode;
+  }
+  if (!t.op || !(t.mutates_input || t.host_scalar_args)) return;
+  const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
+    const bool writes = t.mutates_input && info && info->isWrite();
+    // Host scalars inside tensor lists count too: `_foreach_add_(state_steps, 1)` writes
+    // Adam's `step` tensors, which the optimizer then reads with `.item()`.
+    for_each_tensor(args[i], [&](const at::Tensor& x) {
+      if (host_scalar(x)) {
+        ScalarUse& use = scalar_use_[x.storage().unsafeGetStorageImpl()];
+        (writes ? use.write : use.read) = seq;
+      }
+      if (!writes) return;
+      auto* p = as_placeholder(x);
+      // The program sees the version an in-place op gives its tensor at once, as eagerly (the
+      // GraphRunner's op bumps the value's counter, which the placeholder takes when filled).
+      // A view of a real tensor shares no counter with it (make_output).
+      if (p && p->version_counter().enabled()) p->bump_version();
+      if (p && p->group()) {
+        p->group()->last_write = seq;
+      } else {
+        last_external_write_ = seq;
+        last_write_backward_ = kNoNode;
+      }
+    });
+  }
+}
+
+void PythonRunner::make_outputs(WorkItem& item, uint32_t node_id, const OpTemplate& t, const torch::jit::Stack& args,
+                                uint64_t seq, bool reuse) {
+  Outputs out{item, node_id, t, args, seq, reuse, /*inference=*/false, /*base_group=*/nullptr};
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      if (auto* p = as_placeholder(v.toTensor())) out.base_group = p->group();
+      break;
+    }
+  }
+  item.outs.assign(t.outs.size(), nullptr);
+  // An ATen op's template matched the call, inference mode included: no thread-state lookup.
+  out.inference = t.kind == OpKind::Aten ? t.inference_mode : c10::InferenceMode::is_enabled();
+  torch::jit::Stack& returns = scratch_;
+  returns.clear();
+  size_t k = 0;
+  for (int n : t.return_sizes) {
+    if (n == -1) {
+      returns.emplace_back(make_output(out, k++));
+    } else if (n >= 0) {
+      c10::List<at::Tensor> list;
+      for (int i = 0; i < n; ++i) list.push_back(make_output(out, k++));
+      returns.emplace_back(std::move(list));
+    } else {
+      ++k;
+      returns.emplace_back();
+    }
+  }
+}
+
+at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
+  const OpTemplate& t = out.t;
+  const torch::jit::Stack& args = out.args;
+  const OutSpec& o = t.outs[index];
+  if (o.alias_arg >= 0) return args[static_cast<size_t>(o.alias_arg)].toTensor();
+  if (o.none) return at::Tensor();
+  // Dropped placeholders are reused with the GIL only (the C fast path): the pool works with
+  // Python objects, and a node issued through the dispatcher route (the GIL released) would fill
+  // it with what it never takes.
+  if (out.reuse) {  // an ATen op's new output (OpTemplate::reuses_out), with a slot of its own
+    std::shared_ptr<Slot> slot;
+    if (at::Tensor p = pool_.take(out.node_id, o.meta, out.inference, out.seq, &slot); p.defined()) {
+      ++graph_->placeholders_reused;
+      out.item.outs[index] = std::move(slot);
+      return p;  // still in live_
+    }
+  }
+  auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
+  slot->seq = out.seq;
+  slot->runner_allocated = t.kind == OpKind::Aten;
+  std::shared_ptr<AliasGroup> group;
+  if (t.kind == OpKind::Aten) group = o.view ? out.base_group : own_group(slot);
+  // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
+  // placeholder made there would be an inference tensor, without a version counter to share).
+  const bool normal_view = o.view && out.inference && !args.empty() && args[0].isTensor() &&
+                           !args[0].toTensor().is_inference();
+  std::optional<c10::InferenceMode> not_inference;
+  if (normal_view) not_inference.emplace(false);
+  at::Tensor p = make_placeholder(o.meta, slot, std::move(group));
+  not_inference.reset();
+  // A view of a placeholder shares its version counter, as eagerly (outside inference mode).
+  // Not one of a real tensor: the GraphRunner's ops bump that counter themselves.
+  if (o.view && !out.inference && !args.empty() && args[0].isTensor() && args[0].toTensor().defined()) {
+    const PlaceholderImpl* base = as_placeholder(args[0].toTensor());
+    if (base && base->version_counter().enabled())
+      p.unsafeGetTensorImpl()->set_version_counter(base->version_counter());
+  }
+  if (t.indexed_view != IndexedView::None) p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(args));
+  if (out.reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(out.node_id);
+  out.item.outs[index] = std::move(slot);
+  live_.emplace_back(p.getIntrusivePtr());
+  return p;
+}
+
+void PythonRunner::keep_pace(GraphRunner& r, bool gil) {
   // Drop executed items soon: their outputs die, so the allocator reuses warm memory.
   r.reclaim(/*all=*/false, gil ? &pool_ : nullptr);
   const uint64_t done = r.done();  // one load of the line the GraphRunner writes per item
