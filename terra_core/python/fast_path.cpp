@@ -286,16 +286,16 @@ template <size_t I>
 PyObject* entry_point(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   const Entry& e = entries[I];
   // The engine swaps argument and return vectors with the caller's (PythonRunner::issue), so one
-  // spare vector per thread circulates: building the stack allocates nothing in steady state.
-  thread_local torch::jit::Stack spare;
-  torch::jit::Stack stack = std::move(spare);  // a nested call finds it empty and allocates
+  // spare vector circulates: building the stack allocates nothing in steady state.
+  torch::jit::Stack* spare = PythonRunner::instance().fast_stack();
+  torch::jit::Stack stack = spare ? std::move(*spare) : torch::jit::Stack();  // a nested call finds it empty
   stack.clear();
   stack.reserve(4);
   PyObject* result = build(e, self, args, nargs, kwnames, &stack)
                          ? run(e, &stack)
                          : call_original(e, self, args, nargs, kwnames);
   stack.clear();
-  spare = std::move(stack);
+  if (spare) *spare = std::move(stack);
   if (!result && e.dunder && PyErr_ExceptionMatches(PyExc_TypeError)) {
     PyErr_Clear();  // as PyTorch's binary operators do: Python then tries the reflected one
     Py_RETURN_NOTIMPLEMENTED;

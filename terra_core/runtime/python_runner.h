@@ -70,6 +70,11 @@ class PythonRunner {
   // do so where the dispatcher route would reach the fallback now (`fast_ready` and the keys of
   // the arguments, which the caller checks).
   bool fast_ready() const { return mode_ == Mode::CoExec && paused_ == 0 && policy_.fast_path; }
+  // The fast path's argument stack on the session's thread: issue() swaps its vector with a work
+  // item's, so one vector circulates and building a call's stack allocates nothing. A member,
+  // not a thread_local: each access to one of those from this module is a __tls_get_addr call
+  // (three per op). nullptr on other threads (their ops are not intercepted).
+  torch::jit::Stack* fast_stack() { return std::this_thread::get_id() == owner_ ? &fast_stack_ : nullptr; }
   // The dispatch key Terra's fallback is registered on (python_runner.cpp says why this one).
   static constexpr c10::DispatchKey kHookKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
   // Called with true when a loop starts running eagerly (the session's pass-through entry points
@@ -284,6 +289,7 @@ class PythonRunner {
   uint32_t graph_name_ = 0;  // Timeline::intern(graph_->name)
   PythonStack::Root root_;
   std::thread::id owner_;  // the thread the session runs on (enter)
+  torch::jit::Stack fast_stack_;  // fast_stack()
   struct OpenLoop {
     uint64_t id;
     bool helper;
