@@ -154,8 +154,29 @@ void grad_set(py::object self, py::object value, py::object setter) {
   });
 }
 
+// The engine's JSON (stats, graphs, fallbacks) as Python objects, built directly (not dumped to
+// text and parsed again).
 py::object to_python(const nlohmann::json& j) {
-  return py::module_::import("json").attr("loads")(j.dump());
+  using T = nlohmann::json::value_t;
+  switch (j.type()) {
+    case T::null: return py::none();
+    case T::boolean: return py::bool_(j.get<bool>());
+    case T::number_integer: return py::int_(j.get<int64_t>());
+    case T::number_unsigned: return py::int_(j.get<uint64_t>());
+    case T::number_float: return py::float_(j.get<double>());
+    case T::string: return py::str(j.get_ref<const std::string&>());
+    case T::array: {
+      py::list out;
+      for (const auto& e : j) out.append(to_python(e));
+      return std::move(out);
+    }
+    case T::object: {
+      py::dict out;
+      for (const auto& [k, v] : j.items()) out[py::str(k)] = to_python(v);
+      return std::move(out);
+    }
+    default: throw py::type_error("Terra: no Python value for this JSON");
+  }
 }
 
 Graph& graph_at(const std::string& name) {
@@ -163,20 +184,6 @@ Graph& graph_at(const std::string& name) {
   auto it = graphs.find(name);
   if (it == graphs.end()) throw py::key_error("no Terra graph named " + name);
   return *it->second;
-}
-
-// The frames, outermost first, as (file, line, function).
-py::list frames_of(const std::shared_ptr<const terra::SourceInfo>& source) {
-  py::list out;
-  if (source)
-    for (const auto& f : source->frames) out.append(py::make_tuple(f.file, f.line, f.function));
-  return out;
-}
-
-// The user's own frame (terra::user_frame), or None.
-py::object where_of(const std::shared_ptr<const terra::SourceInfo>& source) {
-  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
-  return f ? py::object(py::make_tuple(f->file, f->line, f->function)) : py::object(py::none());
 }
 
 }  // namespace
@@ -287,11 +294,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("settings", [] {
     py::list out;
     for (const terra::Policy::Setting& s : R().policy().settings()) {
-      using Kind = terra::Policy::Kind;
       py::dict d;
       d["key"] = s.key;
-      d["kind"] = s.kind == Kind::OnOff ? "on/off" : s.kind == Kind::Choice ? "choice"
-                  : s.kind == Kind::Number ? "number" : "whole number";
+      d["kind"] = terra::Policy::name(s.kind);
       d["value"] = s.value;
       d["help"] = s.help;
       d["env"] = s.env;
@@ -356,21 +361,9 @@ PYBIND11_MODULE(_C, m) {
         "not included).");
   m.def("clear_timeline", [] { terra::runtime::Timeline::instance().clear(); });
   m.def("fallbacks", [](const std::string& name) {
-    py::list out;
     auto& graphs = R().graphs();
     auto it = graphs.find(name);
-    if (it == graphs.end()) return out;
-    for (const terra::Fallback& f : it->second->fallbacks.entries()) {
-      py::dict d;
-      d["reason"] = f.text();
-      d["kind"] = terra::to_string(f.reason);
-      d["op"] = f.source ? f.source->op_name : std::string();
-      d["count"] = f.count;
-      d["source"] = frames_of(f.source);
-      d["where"] = where_of(f.source);
-      out.append(d);
-    }
-    return out;
+    return it == graphs.end() ? py::object(py::list()) : to_python(fallbacks_json(*it->second));
   });
   m.def("nodes", [](const std::string& name) {
     py::list out;
@@ -382,8 +375,8 @@ PYBIND11_MODULE(_C, m) {
       d["label"] = n.tmpl.label();
       d["mode"] = static_cast<int>(n.tmpl.mode);
       d["count"] = n.count;
-      d["source"] = frames_of(n.tmpl.source);
-      d["where"] = where_of(n.tmpl.source);
+      d["source"] = to_python(terra::runtime::frames_json(n.tmpl.source));
+      d["where"] = to_python(terra::runtime::where_json(n.tmpl.source));
       py::list succ;
       for (const auto& [to, count] : n.succ) succ.append(py::make_tuple(to, count));
       d["succ"] = succ;

@@ -40,20 +40,6 @@ const char* kind_name(const OpTemplate& t) {
   return "?";
 }
 
-// The frames, outermost first, as [file, line, function].
-nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source) {
-  auto out = nlohmann::json::array();
-  if (source)
-    for (const terra::SourceFrame& f : source->frames) out.push_back({f.file, f.line, f.function});
-  return out;
-}
-
-// The user's own frame (terra::user_frame), or null.
-nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source) {
-  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
-  return f ? nlohmann::json({f->file, f->line, f->function}) : nlohmann::json(nullptr);
-}
-
 }  // namespace
 
 uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
@@ -148,6 +134,18 @@ const char* workers_trial_name(Graph::WorkersTrial t) {
 
 }  // namespace
 
+nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source) {
+  auto out = nlohmann::json::array();
+  if (source)
+    for (const terra::SourceFrame& f : source->frames) out.push_back({f.file, f.line, f.function});
+  return out;
+}
+
+nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source) {
+  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
+  return f ? nlohmann::json({f->file, f->line, f->function}) : nlohmann::json(nullptr);
+}
+
 nlohmann::json stats_json(const Graph& g) {
   size_t edges = 0;
   for (const auto& n : g.nodes) edges += n.succ.size();
@@ -194,6 +192,19 @@ nlohmann::json stats_json(const Graph& g) {
           {"fallbacks", g.fallbacks.entries().size()},
           {"traced_seconds", g.traced_seconds},
           {"coexec_seconds", g.coexec_seconds}};
+}
+
+nlohmann::json fallbacks_json(const Graph& g) {
+  auto out = nlohmann::json::array();
+  for (const terra::Fallback& f : g.fallbacks.entries())
+    out.push_back({{"reason", f.text()},
+                   {"kind", terra::to_string(f.reason)},
+                   {"op", f.source ? f.source->op_name : std::string()},
+                   {"count", f.count},
+                   {"source", frames_json(f.source)},
+                   {"where", where_json(f.source)},
+                   {"node", f.after == kNoNode ? nlohmann::json(nullptr) : nlohmann::json(f.after)}});
+  return out;
 }
 
 nlohmann::json to_json(const Graph& g) {
@@ -252,15 +263,6 @@ nlohmann::json to_json(const Graph& g) {
   for (terra::EdgeId e : assignment.back_edges)
     if (json i = edge_of(e); !i.is_null()) back.push_back(i);
 
-  json fallbacks = json::array();
-  for (const terra::Fallback& f : g.fallbacks.entries())
-    fallbacks.push_back({{"reason", f.text()},
-                         {"kind", terra::to_string(f.reason)},
-                         {"op", f.source ? f.source->op_name : std::string()},
-                         {"count", f.count},
-                         {"source", frames_json(f.source)},
-                         {"where", where_json(f.source)},
-                         {"node", f.after == kNoNode ? json(nullptr) : json(f.after)}});
 
   json out = {{"name", g.name},
               {"nodes", std::move(nodes)},
@@ -269,7 +271,7 @@ nlohmann::json to_json(const Graph& g) {
               {"switch_cases", std::move(cases)},
               {"back_edges", std::move(back)},
               {"last_path", g.last_path},
-              {"fallbacks", std::move(fallbacks)},
+              {"fallbacks", fallbacks_json(g)},
               {"stats", stats_json(g)}};
   if (!g.path_error.empty()) out["path_error"] = g.path_error;
   return out;

@@ -133,6 +133,12 @@ terra::LocationKey path_key(const Graph& graph, uint32_t id);
 // fallbacks with the node they left after, and the statistics.
 nlohmann::json to_json(const Graph& graph);
 nlohmann::json stats_json(const Graph& graph);  // iterations and ops by how they ran, times
+// Its fallbacks: reason (text), kind, op, count, source, where, node (the node left after).
+nlohmann::json fallbacks_json(const Graph& graph);
+// An op's frames, outermost first, as [file, line, function]; its user's frame
+// (terra::user_frame) as one, or null.
+nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source);
+nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source);
 // The payoff check's state: phase, checks made, the last choice and the times it compared.
 nlohmann::json payoff_json(const terra::Payoff& payoff);
 

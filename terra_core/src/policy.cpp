@@ -80,7 +80,7 @@ std::string value_text(const Policy& p, const Option& o) {
       o.field);
 }
 
-// Parses `value` into `o`'s field of `p`: empty on success, else why not.
+// Parses `value` into `o`'s field of `p`: empty on success, else why not (and `p` unchanged).
 std::string parse_into(Policy& p, const Option& o, std::string_view value) {
   const std::string key(o.key), text(value);
   return std::visit(
@@ -162,6 +162,16 @@ constexpr ReasonText kReasons[kFallbackReasons] = {
 
 }  // namespace
 
+const char* Policy::name(Kind kind) {
+  switch (kind) {
+    case Kind::WholeNumber: return "whole number";
+    case Kind::Number: return "number";
+    case Kind::OnOff: return "on/off";
+    case Kind::Choice: return "choice";
+  }
+  return "?";
+}
+
 const char* Policy::name(WorkerSpin w) {
   return w == WorkerSpin::Spin ? "spin" : w == WorkerSpin::Sleep ? "sleep" : "auto";
 }
@@ -169,22 +179,15 @@ const char* Policy::name(WorkerSpin w) {
 Policy Policy::from_environment() {
   Policy p;
   for (const Option& o : kOptions) {
-    const char* value = std::getenv(o.env);
-    if (value && *value) {
-      Policy next = p;
-      if (parse_into(next, o, value).empty()) p = next;
-    }
+    // parse_into changes the field only when the value is valid: a bad one leaves the default
+    if (const char* value = std::getenv(o.env); value && *value) parse_into(p, o, value);
   }
   return p;
 }
 
 std::string Policy::set(std::string_view key, std::string_view value) {
   for (const Option& o : kOptions) {
-    if (key != o.key) continue;
-    Policy next = *this;
-    std::string error = parse_into(next, o, value);
-    if (error.empty()) *this = next;
-    return error;
+    if (key == o.key) return parse_into(*this, o, value);  // unchanged unless valid
   }
   std::string known;
   for (const Option& o : kOptions) known += std::string(known.empty() ? "" : ", ") + o.key;

@@ -67,6 +67,7 @@ struct Policy {
     const char* env;    // the variable that sets its default
   };
   std::vector<Setting> settings() const;
+  static const char* name(Kind kind);  // "whole number", "number", "on/off", "choice"
 
   static const char* name(WorkerSpin w);
 };

@@ -320,8 +320,9 @@ def explain(name=None):
     names = [name] if name is not None else _c().graphs()
     out = []
     for graph in names:
-        for f in _c().fallbacks(graph):
-            out.append(dict(f, graph=graph))
+        for f in _c().fallbacks(graph):  # frames as (file, line, function) tuples
+            out.append(dict(f, graph=graph, source=[tuple(frame) for frame in f["source"]],
+                            where=tuple(f["where"]) if f["where"] else None))
     return out
 
 
