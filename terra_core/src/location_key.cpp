@@ -24,9 +24,10 @@ uint64_t stack_hash(const std::vector<FrameId>& frames) {
 }
 
 std::string to_string(const LocationKey& key) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%016llx:%016llx#%u", static_cast<unsigned long long>(key.op),
-                static_cast<unsigned long long>(key.stack), key.occurrence);
+  char buf[80];
+  int n = std::snprintf(buf, sizeof buf, "%016llx:%016llx#%u", static_cast<unsigned long long>(key.op),
+                        static_cast<unsigned long long>(key.stack), key.occurrence);
+  if (key.variant) std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), "/v%u", key.variant);
   return buf;
 }
 

@@ -43,6 +43,53 @@ const Successor* TraceGraph::find_successor(NodeId id, const LocationKey& key) c
   return nullptr;
 }
 
+EdgeId TraceGraph::find_edge(NodeId from, NodeId to) const {
+  const std::vector<Successor>& succ = nodes_[from].successors;
+  if (succ.size() <= kScanLimit) {
+    for (const Successor& s : succ)
+      if (s.node == to) return s.edge;
+    return kNone;
+  }
+  auto it = edge_index_.find(edge_slot(from, to));
+  return it == edge_index_.end() ? kNone : it->second;
+}
+
+NodeId TraceGraph::add(const LocationKey& key, std::shared_ptr<const SourceInfo> source,
+                       std::vector<TensorMeta> outputs) {
+  if (key.op == kReservedOp) throw std::invalid_argument("TraceGraph::add: the reserved op identity");
+  const auto id = static_cast<NodeId>(nodes_.size());
+  if (!index_.emplace(key, id).second)
+    throw std::invalid_argument("TraceGraph::add: key " + to_string(key) + " is in the graph already");
+  nodes_.emplace_back();
+  Node& n = nodes_.back();
+  n.key = key;
+  n.source = std::move(source);
+  const uint64_t h = meta_hash(outputs);
+  n.metas.push_back({h, std::move(outputs), 0});
+  stamp_.push_back(0);
+  return id;
+}
+
+bool TraceGraph::take(NodeId from, NodeId to) {
+  EdgeId e = find_edge(from, to);
+  const bool added = e == kNone;
+  if (added) e = add_edge(from, to);
+  edges_[e].count++;
+  if (from == kEntryNode) nodes_[kEntryNode].count++;
+  Node& n = nodes_[to];
+  n.count++;
+  if (to != kExitNode && !n.metas.empty()) n.metas.front().count++;
+  return added;
+}
+
+bool TraceGraph::end_path(const std::vector<NodeId>& path, TraceEnd end) {
+  take(path.empty() ? kEntryNode : path.back(), kExitNode);
+  ends_[static_cast<int>(end)]++;
+  uint64_t h = path.size();
+  for (NodeId id : path) h = hash_combine(h, id);
+  return paths_.insert(h).second;
+}
+
 EdgeId TraceGraph::add_edge(NodeId from, NodeId to) {
   EdgeId e = static_cast<EdgeId>(edges_.size());
   edges_.push_back({from, to, 0});

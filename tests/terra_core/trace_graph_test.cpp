@@ -1,6 +1,7 @@
 #include "terra/trace_graph.h"
 
 #include <stdexcept>
+#include <unordered_map>
 
 #include "trace_builder.h"
 
@@ -183,6 +184,64 @@ void expect_rejected_and_unchanged(TraceGraph& g, const Trace& bad, const std::s
   EXPECT_EQ(g.edges().size(), edges) << why;
   EXPECT_EQ(g.trace_count(), traces) << why;
   EXPECT_FALSE(check_trace(bad).empty()) << why;
+}
+
+// The runtime's way: node by node as the program runs. Two paths that share a head and a tail,
+// one of them taken twice, give the nodes, edges, counts and paths that merging them gives.
+TEST(TraceGraph, BuildingOpByOpGivesWhatMergingTheTracesGives) {
+  TraceGraph merged, walked;
+  const std::vector<std::vector<uint32_t>> runs = {{1, 2, 3}, {1, 4, 3}, {1, 2, 3}};
+  std::unordered_map<uint32_t, NodeId> made;  // line -> walked node
+  for (size_t run = 0; run < runs.size(); ++run) {
+    const std::vector<uint32_t>& lines = runs[run];
+    Trace t = chain(lines);
+    merged.merge(t);
+    std::vector<NodeId> path;
+    NodeId prev = kEntryNode;
+    for (size_t j = 0; j < lines.size(); ++j) {
+      auto [it, fresh] = made.try_emplace(lines[j], kNone);
+      if (fresh) it->second = walked.add(t.ops[j].key, t.ops[j].source, t.ops[j].outputs);
+      walked.take(prev, it->second);
+      path.push_back(prev = it->second);
+    }
+    EXPECT_EQ(walked.end_path(path), run < 2) << run;  // the third run repeats the first path
+  }
+  ASSERT_EQ(walked.size(), merged.size());
+  for (NodeId id = 0; id < merged.size(); ++id) {
+    EXPECT_EQ(walked.node(id).key, merged.node(id).key) << id;
+    EXPECT_EQ(walked.node(id).count, merged.node(id).count) << id;
+    EXPECT_EQ(walked.node(id).metas.size(), merged.node(id).metas.size()) << id;
+    if (!merged.node(id).metas.empty()) {
+      EXPECT_EQ(walked.node(id).metas[0].count, merged.node(id).metas[0].count) << id;
+    }
+  }
+  ASSERT_EQ(walked.edges().size(), merged.edges().size());
+  for (EdgeId e = 0; e < merged.edges().size(); ++e) {
+    EXPECT_EQ(walked.edge(e).from, merged.edge(e).from);
+    EXPECT_EQ(walked.edge(e).to, merged.edge(e).to);
+    EXPECT_EQ(walked.edge(e).count, merged.edge(e).count);
+  }
+  EXPECT_EQ(walked.trace_count(), 3u);
+  EXPECT_EQ(walked.path_count(), 2u);
+  EXPECT_EQ(walked.end_count(TraceEnd::Normal), 3u);
+  EXPECT_EQ(walked.find_edge(made[1], made[4]), merged.find_edge(made[1], made[4]));
+  EXPECT_EQ(walked.find_edge(made[4], made[2]), kNone);
+}
+
+TEST(TraceGraph, AddTakesOnlyNewKeysAndVariantsAreOtherKeys) {
+  TraceGraph g;
+  const LocationKey key{op_identity("op"), site(1), 0};
+  const NodeId a = g.add(key, nullptr);
+  EXPECT_THROW(g.add(key, nullptr), std::invalid_argument);
+  EXPECT_THROW(g.add(LocationKey::exit(), nullptr), std::invalid_argument);
+  LocationKey other = key;
+  other.variant = 1;
+  const NodeId b = g.add(other, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(g.find(key), a);
+  EXPECT_EQ(g.find(other), b);
+  EXPECT_EQ(to_string(other), to_string(key) + "/v1");
+  EXPECT_EQ(g.size(), 4u);
 }
 
 TEST(TraceGraph, MalformedTracesAreRejectedAtomically) {

@@ -5,7 +5,9 @@
 // hashed), the stack hash (the user-visible Python frames, code identity + instruction offset,
 // hashed by the caller) and the occurrence: how many times this (op, stack) pair already ran in the
 // current iteration. The occurrence unrolls loops that repeat the same frames (nn.Sequential, a
-// Python `for` over layers) into distinct keys; `OccurrenceCounter` computes it.
+// Python `for` over layers) into distinct keys; `OccurrenceCounter` computes it. The variant tells
+// apart nodes the runtime keeps at one location for calls it cannot validate against one template
+// (ragged shapes, a `.grad` read before and after the first backward); traces merged whole use 0.
 //
 // Guarantees: a key is 24 bytes, compared and hashed without touching memory elsewhere. Everything
 // a human wants to read (op name, file/line/function) lives in `SourceInfo`, kept beside the key and
@@ -58,29 +60,31 @@ struct LocationKey {
   uint64_t op = 0;
   uint64_t stack = 0;
   uint32_t occurrence = 0;
+  uint32_t variant = 0;
 
   // Keys of the TraceGraph's virtual nodes: where every iteration starts and ends.
   static constexpr LocationKey entry() { return {kReservedOp, 0, 0}; }
   static constexpr LocationKey exit() { return {kReservedOp, 0, 1}; }
 
   friend bool operator==(const LocationKey& a, const LocationKey& b) {
-    return a.op == b.op && a.stack == b.stack && a.occurrence == b.occurrence;
+    return a.op == b.op && a.stack == b.stack && a.occurrence == b.occurrence && a.variant == b.variant;
   }
   friend bool operator!=(const LocationKey& a, const LocationKey& b) { return !(a == b); }
   friend bool operator<(const LocationKey& a, const LocationKey& b) {
     if (a.op != b.op) return a.op < b.op;
     if (a.stack != b.stack) return a.stack < b.stack;
-    return a.occurrence < b.occurrence;
+    if (a.occurrence != b.occurrence) return a.occurrence < b.occurrence;
+    return a.variant < b.variant;
   }
 };
 
 struct LocationKeyHash {
   size_t operator()(const LocationKey& k) const {
-    return static_cast<size_t>(hash_combine(hash_combine(k.op, k.stack), k.occurrence));
+    return static_cast<size_t>(hash_combine(hash_combine(k.op, k.stack), k.occurrence | uint64_t{k.variant} << 32));
   }
 };
 
-// "ab12...:cd34...#3": stable text for logs, JSON and DOT.
+// "ab12...:cd34...#3" (and "/v2" for variant 2): stable text for logs, JSON and DOT.
 std::string to_string(const LocationKey& key);
 
 // What a person reads about an op; shared (one object per key) rather than copied per trace.

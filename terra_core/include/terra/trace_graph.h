@@ -18,6 +18,9 @@
 // - Merging a trace that was already merged adds nothing (only counts change).
 // - successors(n) is a small contiguous array of (key, node, edge): validation of the next op is a
 //   scan of a few 24-byte keys.
+// - Built op by op (add, take, end_path), as the runtime builds it while the program runs, the
+//   graph holds the same nodes, control edges, counts and paths as merging each path's trace
+//   would give (without producers: those come only from merged traces).
 #pragma once
 
 #include <array>
@@ -110,6 +113,20 @@ class TraceGraph {
   TraceGraph();
 
   MergeResult merge(const Trace& trace);
+
+  // Op by op. The runtime meets each op before it knows the rest of its iteration (and validates it
+  // against the graph there and then), so it cannot merge whole traces. A path is
+  // take(kEntryNode, a), take(a, b), ... and end_path({a, b, ...}); `add` makes a node first where
+  // an op is new. add throws std::invalid_argument for a key already in the graph or a reserved op.
+  NodeId add(const LocationKey& key, std::shared_ptr<const SourceInfo> source,
+             std::vector<TensorMeta> outputs = {});
+  // Counts the control edge from -> to (adding it if new) and a visit of `to` (and of the entry,
+  // where a path starts); true if the edge is new.
+  bool take(NodeId from, NodeId to);
+  // A path ended after its last node (the edge into exit is taken); true if this sequence of nodes
+  // was not recorded before.
+  bool end_path(const std::vector<NodeId>& path, TraceEnd end = TraceEnd::Normal);
+  EdgeId find_edge(NodeId from, NodeId to) const;  // kNone when absent
 
   size_t size() const { return nodes_.size(); }  // virtual entry and exit included
   const std::vector<Node>& nodes() const { return nodes_; }
