@@ -365,25 +365,6 @@ PYBIND11_MODULE(_C, m) {
     auto it = graphs.find(name);
     return it == graphs.end() ? py::object(py::list()) : to_python(fallbacks_json(*it->second));
   });
-  m.def("nodes", [](const std::string& name) {
-    py::list out;
-    auto& graphs = R().graphs();
-    auto it = graphs.find(name);
-    if (it == graphs.end()) return out;
-    for (const auto& n : it->second->nodes) {
-      py::dict d;
-      d["label"] = n.tmpl.label();
-      d["mode"] = static_cast<int>(n.tmpl.mode);
-      d["count"] = n.count;
-      d["source"] = to_python(terra::runtime::frames_json(n.tmpl.source));
-      d["where"] = to_python(terra::runtime::where_json(n.tmpl.source));
-      py::list succ;
-      for (const auto& [to, count] : n.succ) succ.append(py::make_tuple(to, count));
-      d["succ"] = succ;
-      out.append(d);
-    }
-    return out;
-  });
   m.def("reset", [](py::object name) {
     TORCH_CHECK(!R().active(), "Terra: cannot reset graphs while co-execution is active");
     if (name.is_none()) R().graphs().clear();

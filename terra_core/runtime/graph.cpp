@@ -42,64 +42,23 @@ const char* kind_name(const OpTemplate& t) {
 
 }  // namespace
 
-uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup) {
-  auto id = static_cast<uint32_t>(nodes.size());
-  Node n;
+uint32_t Graph::add_node(OpTemplate tmpl, uint64_t lookup, terra::LocationKey key) {
+  std::vector<uint32_t>& variants = index[lookup];
+  key.variant = static_cast<uint32_t>(variants.size());
+  std::vector<terra::TensorMeta> outputs;
+  for (const OutSpec& o : tmpl.outs)
+    if (!o.none) outputs.push_back(o.meta);
+  const uint32_t id = trace.add(key, tmpl.source, std::move(outputs));
+  variants.push_back(id);
+  RuntimeNode& n = nodes.emplace_back();
   n.tmpl = std::move(tmpl);
   n.lookup = lookup;
-  nodes.push_back(std::move(n));
-  index[lookup].push_back(id);
   return id;
-}
-
-bool Graph::add_edge(Node& from, uint32_t to) {
-  for (auto& [node, count] : from.succ) {
-    if (node == to) {
-      ++count;
-      return false;
-    }
-  }
-  from.succ.emplace_back(to, 1);
-  return true;
-}
-
-bool Graph::has_edge(uint32_t from, uint32_t to) const {
-  if (from == kNoNode) return true;
-  for (const auto& [node, count] : nodes[from].succ)
-    if (node == to) return true;
-  return false;
-}
-
-terra::LocationKey path_key(const Graph& graph, uint32_t id) {
-  // Lookup hashes are unique per node except for the two variants of a `.grad` read; the node id
-  // tells those apart.
-  return terra::LocationKey{graph.nodes[id].lookup, id, 0};
 }
 
 void Graph::record_path(std::vector<uint32_t>& path) {
   if (path.size() <= 1) return;  // an iteration without ops (the tail after a loop, say)
-  uint64_t h = path.size();
-  for (uint32_t id : path) h = terra::hash_combine(h, id);
-  if (path_hashes.insert(h).second && path_error.empty()) {
-    terra::Trace trace;
-    trace.ops.reserve(path.size());
-    for (uint32_t id : path) {
-      Node& n = nodes[id];
-      const OpTemplate& t = n.tmpl;
-      terra::OpRecord op;
-      op.key = path_key(*this, id);
-      for (const OutSpec& o : t.outs)
-        if (!o.none) op.outputs.push_back(o.meta);
-      op.source = t.source;
-      op.is_fetch = t.mode == ExecMode::Fetch;
-      trace.ops.push_back(std::move(op));
-    }
-    try {
-      paths.merge(trace);
-    } catch (const std::exception& e) {
-      path_error = e.what();  // the export loses its blocks; co-execution is unaffected
-    }
-  }
+  trace.end_path(path);
   last_path.swap(path);
 }
 
@@ -147,8 +106,6 @@ nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source
 }
 
 nlohmann::json stats_json(const Graph& g) {
-  size_t edges = 0;
-  for (const auto& n : g.nodes) edges += n.succ.size();
   std::map<std::string, uint64_t> by_op;  // dispatched co-executed ops, per operator
   uint64_t dispatched_total = 0;
   for (const auto& n : g.nodes) {
@@ -163,8 +120,8 @@ nlohmann::json stats_json(const Graph& g) {
   for (size_t i = 0; i < dispatched.size() && i < 8; ++i)
     top.push_back({dispatched[i].first, dispatched[i].second});
   return {{"name", g.name},
-          {"nodes", g.nodes.size()},
-          {"edges", edges},
+          {"nodes", g.op_nodes()},
+          {"edges", g.trace.edges().size()},
           {"iteration_starts", g.roots.size()},
           {"iterations_traced", g.iterations_traced},
           {"iterations_coexecuted", g.iterations_coexecuted},
@@ -213,9 +170,11 @@ nlohmann::json to_json(const Graph& g) {
   for (const terra::Fallback& f : g.fallbacks.entries())
     if (f.after != kNoNode) left_after[f.after] = true;
 
+  // Entry and exit are the TraceGraph's virtual nodes: the views draw what ran, from the markers.
+  const terra::TraceGraph& t = g.trace;
   json nodes = json::array();
-  for (uint32_t id = 0; id < g.nodes.size(); ++id) {
-    const Node& n = g.nodes[id];
+  for (uint32_t id = terra::kExitNode + 1; id < t.size(); ++id) {
+    const RuntimeNode& n = g.nodes[id];
     json shapes = json::array();
     for (const OutSpec& o : n.tmpl.outs)
       if (!o.none) shapes.push_back(describe(o.meta));
@@ -224,37 +183,27 @@ nlohmann::json to_json(const Graph& g) {
                      {"op", n.tmpl.name},
                      {"kind", kind_name(n.tmpl)},
                      {"shapes", std::move(shapes)},
-                     {"count", n.count},
-                     {"source", frames_json(n.tmpl.source)},
-                     {"where", where_json(n.tmpl.source)},
+                     {"count", t.node(id).count},
+                     {"source", frames_json(t.node(id).source)},
+                     {"where", where_json(t.node(id).source)},
                      {"fallback", left_after.count(id) > 0}});
   }
-  // Control edges in node order; (from, to) -> index, for the switch-cases' entering edges.
+  // Control edges between those nodes; an edge's place in this list is how the switch-cases name it.
   json edges = json::array();
-  std::map<std::pair<uint32_t, uint32_t>, size_t> edge_index;
-  for (uint32_t id = 0; id < g.nodes.size(); ++id) {
-    for (const auto& [to, count] : g.nodes[id].succ) {
-      edge_index[{id, to}] = edges.size();
-      edges.push_back({{"from", id}, {"to", to}, {"count", count}});
-    }
+  std::vector<uint32_t> place(t.edges().size(), kNoNode);
+  for (terra::EdgeId e = 0; e < t.edges().size(); ++e) {
+    const terra::ControlEdge& ce = t.edge(e);
+    if (ce.from == terra::kEntryNode || ce.to == terra::kExitNode) continue;
+    place[e] = static_cast<uint32_t>(edges.size());
+    edges.push_back({{"from", ce.from}, {"to", ce.to}, {"count", ce.count}});
   }
+  auto edge_of = [&](terra::EdgeId e) { return place[e] == kNoNode ? json(nullptr) : json(place[e]); };
 
-  // Blocks come from the core's case assignment over the merged paths; its node ids map back to
-  // runtime ids through the keys (the key's `stack` field is the runtime id, see path_key).
   json blocks = json::array(), cases = json::array(), back = json::array();
-  const terra::CaseAssignment assignment = terra::assign_cases(g.paths);
-  auto runtime_id = [&](terra::NodeId core) { return static_cast<uint32_t>(g.paths.node(core).key.stack); };
-  auto edge_of = [&](terra::EdgeId e) -> json {
-    const terra::ControlEdge& ce = g.paths.edge(e);
-    if (ce.from == terra::kEntryNode || ce.to == terra::kExitNode) return nullptr;
-    auto it = edge_index.find({runtime_id(ce.from), runtime_id(ce.to)});
-    return it == edge_index.end() ? json(nullptr) : json(it->second);
-  };
+  const terra::CaseAssignment assignment = terra::assign_cases(t);
   for (size_t b = 0; b < assignment.cases.size(); ++b) {
     const terra::SwitchCase& sc = assignment.cases[b];
-    json members = json::array();
-    for (terra::NodeId core : sc.block.nodes) members.push_back(runtime_id(core));
-    blocks.push_back({{"id", b}, {"nodes", std::move(members)}});
+    blocks.push_back({{"id", b}, {"nodes", sc.block.nodes}});
     json entering = json::array();
     for (terra::EdgeId e : sc.entering)
       if (json i = edge_of(e); !i.is_null()) entering.push_back(i);
@@ -262,7 +211,6 @@ nlohmann::json to_json(const Graph& g) {
   }
   for (terra::EdgeId e : assignment.back_edges)
     if (json i = edge_of(e); !i.is_null()) back.push_back(i);
-
 
   json out = {{"name", g.name},
               {"nodes", std::move(nodes)},
@@ -273,7 +221,6 @@ nlohmann::json to_json(const Graph& g) {
               {"last_path", g.last_path},
               {"fallbacks", fallbacks_json(g)},
               {"stats", stats_json(g)}};
-  if (!g.path_error.empty()) out["path_error"] = g.path_error;
   return out;
 }
 

@@ -1,17 +1,16 @@
-// Graph: the runtime's TraceGraph of one co-executed region (a cell, a `terra.run` function).
+// Graph: the TraceGraph of one co-executed region (a cell, a `terra.run` function), as it runs.
 //
-// The PythonRunner keys its nodes by LocationKey lookup hash and keeps, per node, the OpTemplate
-// that validates later calls and the GraphRunner executes, the successors taken and how often.
-// Every distinct path an iteration took is also merged, as a terra::Trace, into the core's
-// terra::TraceGraph (`paths`), so the core's case assignment cuts the runtime's graph into basic
-// blocks and switch-cases for export; a known path costs one hash per iteration, never per op.
+// The graph is the core's terra::TraceGraph (`trace`), built op by op as the program meets ops:
+// its nodes (by LocationKey), control edges, counts, paths and sources are what validation follows,
+// what the views draw and what the core's case assignment cuts into basic blocks. Beside it the
+// runtime keeps, per NodeId, what running a node needs (`nodes`: the OpTemplate that validates
+// later calls and that the GraphRunner executes, and the keys the program thread predicts it by).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -24,22 +23,22 @@
 
 namespace terra::runtime {
 
-struct Node {
+// What the runtime keeps for one node of the TraceGraph (the graph keeps its key, counts, edges
+// and source).
+struct RuntimeNode {
   OpTemplate tmpl;
+  // The node's location as one hash (PythonRunner::lookup_key): its key without the variant. Made
+  // of the op and its call stack (`base`) and which occurrence of that pair in its iteration; and
+  // the calling frame alone (code and instruction, PythonStack::innermost; 0: not known). An ATen
+  // op that is the predicted next node's op, from that frame, with matching arguments, is that node
+  // without walking the stack (PythonRunner::predicted_node).
   uint64_t lookup = 0;
-  // What `lookup` was made of (PythonRunner::lookup_key): the op and its call stack (`base`), and
-  // which occurrence of that pair in its iteration; and the calling frame alone (code and
-  // instruction, PythonStack::innermost; 0: not known). An ATen op that is the predicted next
-  // node's op, from that frame, with matching arguments, is that node without walking the stack
-  // (PythonRunner::predicted_node).
   uint64_t base = 0;
   uint32_t occurrence = 0;
   uint64_t innermost = 0;
-  uint64_t count = 0;
   // Times co-executed after arriving through the dispatcher rather than the C fast path
   // (python/fast_path.cpp): where the fast path would help next (`%terra explain`).
   uint64_t dispatched = 0;
-  std::vector<std::pair<uint32_t, uint64_t>> succ;  // successor node, times taken
   // The successor taken last: the next op is checked against it first (matching_successor).
   uint32_t next = UINT32_MAX;
 };
@@ -49,10 +48,13 @@ struct Graph {
   // Unique in the process (a graph made after another was reset may reuse its address and name).
   const uint64_t serial = next_serial();
   static uint64_t next_serial();
-  // A deque: nodes never move, so the GraphRunner can hold pointers into their templates while
-  // the Python thread keeps adding nodes.
-  std::deque<Node> nodes;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> index;  // lookup key -> candidate nodes
+  // The one TraceGraph; only the program thread changes or reads it.
+  terra::TraceGraph trace;
+  // Per NodeId (the entry's and exit's are empty). A deque: they never move, so the GraphRunner
+  // can hold pointers into their templates while the program thread keeps adding nodes.
+  std::deque<RuntimeNode> nodes = std::deque<RuntimeNode>(2);
+  // A location's nodes (RuntimeNode::lookup -> its variants, in the order made).
+  std::unordered_map<uint64_t, std::vector<uint32_t>> index;
   struct Root {
     uint32_t node = 0;
     terra::Warmup warmup;  // consecutive traced iterations that added nothing
@@ -75,7 +77,7 @@ struct Graph {
   // measured the GraphRunner starting (PythonRunner::coexec_seconds).
   uint64_t iterations_unsteady = 0;
   // Co-executed ATen ops that came through the C fast path (python/fast_path.cpp) rather than
-  // PyTorch's binding and the dispatcher (those are counted per node: Node::dispatched).
+  // PyTorch's binding and the dispatcher (those are counted per node: RuntimeNode::dispatched).
   uint64_t ops_fast = 0;
   uint64_t placeholders_reused = 0;  // outputs handed out as a dropped placeholder (PythonRunner::reuse_)
   // Co-executed ops before which the program thread slept through a parallel region of the
@@ -111,22 +113,16 @@ struct Graph {
   double spinning_seconds = 0, spinning_workers_cpu = 0;
   double traced_seconds = 0, coexec_seconds = 0;
 
-  // The distinct paths (node sequences from an iteration's marker) merged into the core's graph.
-  terra::TraceGraph paths;
-  std::unordered_set<uint64_t> path_hashes;
-  std::vector<uint32_t> last_path;
-  std::string path_error;  // set if a path could not be merged (export then lacks blocks)
+  std::vector<uint32_t> last_path;  // the last iteration's nodes, from its marker
 
-  uint32_t add_node(OpTemplate tmpl, uint64_t lookup);
-  // Counts the edge from `from` to node `to`; true if it is new.
-  static bool add_edge(Node& from, uint32_t to);
-  bool has_edge(uint32_t from, uint32_t to) const;
-  // An iteration ended having followed `path`; keeps it as the last path (swapping it out).
+  // Adds a node at location `key` (its variant is the next free one of that location) that
+  // `lookup` (the key as one hash) finds.
+  uint32_t add_node(OpTemplate tmpl, uint64_t lookup, terra::LocationKey key);
+  uint32_t op_nodes() const { return static_cast<uint32_t>(trace.size() - 2); }  // entry and exit aside
+  // An iteration ended having followed `path` (from its marker): the path ends there in the
+  // TraceGraph; it is kept as the last path (swapped out).
   void record_path(std::vector<uint32_t>& path);
 };
-
-// The key of runtime node `id` in `Graph::paths`.
-terra::LocationKey path_key(const Graph& graph, uint32_t id);
 
 // The graph for viewers (`terra.graph_json`): nodes with labels, shapes, counts and sources,
 // control edges with counts, the core's basic blocks and switch-cases over them, the last path,

@@ -59,7 +59,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit:
 
 // The op and the innermost frame of the user's own code (not PyTorch's or Terra's), the file
 // named by `label` where it knows it (a notebook cell: "In [3], line 6").
-std::string where(const Node& n, const PythonRunner::FileLabel& label) {
+std::string where(const RuntimeNode& n, const PythonRunner::FileLabel& label) {
   std::string s = n.tmpl.name;
   const terra::SourceFrame* user = n.tmpl.source ? terra::user_frame(*n.tmpl.source) : nullptr;
   if (!user) return s;

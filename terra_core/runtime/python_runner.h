@@ -242,6 +242,8 @@ class PythonRunner {
     uint64_t base = 0;
     uint32_t occurrence = 0;
     uint64_t innermost = 0;
+    uint64_t op = 0, stack = 0;  // what `base` hashes
+    terra::LocationKey location() const { return {op, stack, occurrence}; }
   };
   KeyParts last_key_;
   // While co-executing: the current node's last successor, where the ATen op `op` called from

@@ -234,7 +234,8 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     snprintf(name, sizeof(name), "iteration %016llx", static_cast<unsigned long long>(boundary));
     marker.name = name;
     Graph::Root root;
-    root.node = graph_->add_node(std::move(marker), terra::hash_combine(boundary, 0x17e7));
+    root.node = graph_->add_node(std::move(marker), terra::hash_combine(boundary, 0x17e7),
+                                 terra::LocationKey{op_identity(OpKind::Marker, nullptr), boundary, 0});
     it = graph_->roots.emplace(boundary, root).first;
     added_ = true;
   }
@@ -243,7 +244,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   path_.clear();
   uncounted_.clear();  // counts restart with the iteration
   path_.push_back(cur_);
-  ++graph_->nodes[cur_].count;
+  graph_->trace.take(terra::kEntryNode, cur_);
   const bool was_chosen_eager = chosen_eager_;
   chosen_eager_ = false;
   const terra::Decision decision = terra::decide(policy_, {graph_->nodes.size(), root.warmup.quiet, root.divergences});

@@ -80,7 +80,8 @@ uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
   const OpTemplate* predicted = mode_ == Mode::CoExec ? predicted_template() : nullptr;
   if (predicted) prefetch_arg_specs(*predicted);
   uint64_t innermost = 0;
-  uint64_t base = terra::hash_combine(op_identity(kind, op), PythonStack::hash(root_, &innermost));
+  const uint64_t identity = op_identity(kind, op), stack = PythonStack::hash(root_, &innermost);
+  const uint64_t base = terra::hash_combine(identity, stack);
   if (predicted) prefetch_arg_metas(*predicted);
   // Counts restart every iteration: an entry from an earlier iteration counts as zero, so the map
   // keeps its nodes from one iteration to the next instead of being cleared and refilled.
@@ -90,12 +91,12 @@ uint64_t PythonRunner::lookup_key(OpKind kind, const c10::OperatorHandle* op) {
     return n;
   };
   for (uint32_t id : uncounted_) {  // each as its own key would have counted it
-    const Node& accepted = graph_->nodes[id];
+    const RuntimeNode& accepted = graph_->nodes[id];
     count(accepted.base).count = accepted.occurrence + 1;
   }
   uncounted_.clear();
   Occurrence& n = count(base);
-  last_key_ = KeyParts{base, n.count, innermost};
+  last_key_ = KeyParts{base, n.count, innermost, identity, stack};
   return terra::hash_combine(base, n.count++);
 }
 
@@ -103,7 +104,7 @@ uint32_t PythonRunner::predicted_node(const c10::OperatorHandle& op, const torch
   if (cur_ == kNoNode) return kNoNode;
   const uint32_t next = graph_->nodes[cur_].next;
   if (next == kNoNode) return kNoNode;
-  const Node& n = graph_->nodes[next];
+  const RuntimeNode& n = graph_->nodes[next];
   if (n.innermost == 0 || !n.tmpl.op || !(*n.tmpl.op == op)) return kNoNode;  // pseudo-ops have no op
   if (PythonStack::innermost(root_) != n.innermost || !n.tmpl.matches(stack, nullptr)) return kNoNode;
   return next;
@@ -227,8 +228,8 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
       if (r.isNone()) ++k;
     }
     fresh.source = std::make_shared<const terra::SourceInfo>(terra::SourceInfo{fresh.name, PythonStack::describe(root_)});
-    node = graph_->add_node(std::move(fresh), lookup);
-    Node& made = graph_->nodes[node];
+    node = graph_->add_node(std::move(fresh), lookup, last_key_.location());
+    RuntimeNode& made = graph_->nodes[node];
     made.base = last_key_.base;
     made.occurrence = last_key_.occurrence;
     made.innermost = last_key_.innermost;
@@ -247,7 +248,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
     if (other == kNoNode) {
       OpTemplate variant = graph_->nodes[node].tmpl;
       variant.record_outputs(*stack);
-      other = graph_->add_node(std::move(variant), lookup);
+      other = graph_->add_node(std::move(variant), lookup, graph_->trace.node(node).key);
       added_ = true;
     }
     node = other;
@@ -328,7 +329,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
       return false;
     }
   }
-  if (!successor && !graph_->has_edge(cur_, node)) {
+  if (!successor && graph_->trace.find_edge(cur_, node) == terra::kNone) {
     // Known op, new order: a path the graph has not covered (the .grad bookkeeping and
     // placeholders' metadata are only trusted along recorded paths).
     diverge(terra::FallbackReason::NewBranch, {}, op_name(op, name));
@@ -401,14 +402,14 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
   // Two nodes of one location never both match a call (the second was made because the first did
   // not), so the successor that matches is the node match_node would find. The one taken last is
   // tried first: its key and template were prefetched when the current node was reached.
-  const Node& c = graph_->nodes[cur_];
-  if (c.next != kNoNode) {
-    const Node& n = graph_->nodes[c.next];
-    if (n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return c.next;
+  const uint32_t next = graph_->nodes[cur_].next;
+  if (next != kNoNode) {
+    const RuntimeNode& n = graph_->nodes[next];
+    if (n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return next;
   }
-  for (const auto& [id, taken] : c.succ) {
-    const Node& n = graph_->nodes[id];
-    if (id != c.next && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return id;
+  for (const terra::Successor& s : graph_->trace.successors(cur_)) {
+    const RuntimeNode& n = graph_->nodes[s.node];
+    if (s.node != next && n.lookup == lookup && n.tmpl.matches(stack, nullptr)) return s.node;
   }
   return kNoNode;
 }
@@ -416,24 +417,25 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
 bool PythonRunner::take_edge(uint32_t node) {
   bool added = false;
   if (cur_ != kNoNode) {
-    Node& from = graph_->nodes[cur_];
-    added = Graph::add_edge(from, node);
-    from.next = node;
+    added = graph_->trace.take(cur_, node);
+    graph_->nodes[cur_].next = node;
   }
   cur_ = node;
   path_.push_back(node);
-  Node& to = graph_->nodes[node];
-  ++to.count;
+  const RuntimeNode& to = graph_->nodes[node];
   // The next op is validated against this node's last successor: its lines are cold by then on a
   // model whose step walks megabytes of activations (the template checks were 5-7% of hf_bert's
   // program thread, most of it waiting for memory). Fetched now, they arrive while Python runs
-  // up to the next op.
+  // up to the next op; so do the TraceGraph's lines that taking the next edge reads (this node's
+  // successors, the next node's count).
   const uint32_t next = to.next;
   if (next == kNoNode) return added;
-  const Node& n = graph_->nodes[next];
+  const RuntimeNode& n = graph_->nodes[next];
   for (const void* line : {static_cast<const void*>(&n.lookup), static_cast<const void*>(&n.tmpl),
                            static_cast<const void*>(&n.tmpl.global), static_cast<const void*>(&n.tmpl.args),
-                           static_cast<const void*>(&n.tmpl.outs)})
+                           static_cast<const void*>(&n.tmpl.outs),
+                           static_cast<const void*>(graph_->trace.successors(node).data()),
+                           static_cast<const void*>(&graph_->trace.node(next))})
     fetch(line);
   return added;
 }

@@ -76,9 +76,7 @@ bool TraceGraph::take(NodeId from, NodeId to) {
   if (added) e = add_edge(from, to);
   edges_[e].count++;
   if (from == kEntryNode) nodes_[kEntryNode].count++;
-  Node& n = nodes_[to];
-  n.count++;
-  if (to != kExitNode && !n.metas.empty()) n.metas.front().count++;
+  nodes_[to].count++;
   return added;
 }
 

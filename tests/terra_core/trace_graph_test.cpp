@@ -187,7 +187,7 @@ void expect_rejected_and_unchanged(TraceGraph& g, const Trace& bad, const std::s
 }
 
 // The runtime's way: node by node as the program runs. Two paths that share a head and a tail,
-// one of them taken twice, give the nodes, edges, counts and paths that merging them gives.
+// one of them taken twice, give the nodes, edges, counts, outputs and paths that merging them gives.
 TEST(TraceGraph, BuildingOpByOpGivesWhatMergingTheTracesGives) {
   TraceGraph merged, walked;
   const std::vector<std::vector<uint32_t>> runs = {{1, 2, 3}, {1, 4, 3}, {1, 2, 3}};
@@ -212,7 +212,7 @@ TEST(TraceGraph, BuildingOpByOpGivesWhatMergingTheTracesGives) {
     EXPECT_EQ(walked.node(id).count, merged.node(id).count) << id;
     EXPECT_EQ(walked.node(id).metas.size(), merged.node(id).metas.size()) << id;
     if (!merged.node(id).metas.empty()) {
-      EXPECT_EQ(walked.node(id).metas[0].count, merged.node(id).metas[0].count) << id;
+      EXPECT_EQ(walked.node(id).metas[0].hash, merged.node(id).metas[0].hash) << id;
     }
   }
   ASSERT_EQ(walked.edges().size(), merged.edges().size());

@@ -197,18 +197,20 @@ class TerraMagics(Magics):
         display(self._views_of().graph_view(name, follow=not args))
 
     def _graph_text(self, name):
-        terra = self._engine()
-        nodes = terra._C.nodes(name)
-        s = terra.stats(name)
+        graph = self._engine().graph_json(name)
+        s = graph["stats"]
         print(f"{self.cells.labels.get(name, name)} ({name}): {s['nodes']} nodes, {s['edges']} edges, "
               f"{s['iteration_starts']} iteration starts")
-        branches = [(i, n) for i, n in enumerate(nodes) if len(n["succ"]) > 1]
+        nodes = {n["id"]: n for n in graph["nodes"]}
+        taken = {}
+        for e in graph["edges"]:
+            taken.setdefault(e["from"], []).append((e["to"], e["count"]))
+        branches = [(i, succ) for i, succ in sorted(taken.items()) if len(succ) > 1]
         print(f"branch points: {len(branches)}")
-        for i, n in branches[:20]:
-            where = n["where"]
+        for i, succ in branches[:20]:
+            where = nodes[i]["where"]
             line = f" (line {where[1]})" if where else ""
-            taken = ", ".join(f"→{to} ×{count}" for to, count in n["succ"])
-            print(f"  #{i} {n['label']}{line}: {taken}")
+            print(f"  #{i} {nodes[i]['label']}{line}: " + ", ".join(f"→{to} ×{count}" for to, count in succ))
 
     def _cmd_timeline(self, args):
         flags, args = _options("timeline", args, {"--export": True, "--all": False})

@@ -20,7 +20,9 @@
 //   scan of a few 24-byte keys.
 // - Built op by op (add, take, end_path), as the runtime builds it while the program runs, the
 //   graph holds the same nodes, control edges, counts and paths as merging each path's trace
-//   would give (without producers: those come only from merged traces).
+//   would give, but for producers and meta variants' counts: those come only from merged traces
+//   (a node's outputs are the ones `add` was given; counting them per visit would cost every op
+//   two more cache lines).
 #pragma once
 
 #include <array>
