@@ -45,8 +45,10 @@ function whereText(w) {
 
 // ---- the graph as the view needs it --------------------------------------------------------------
 function prepare(graph) {
+  // The engine's export schema (terra/export.h): the TraceGraph's virtual entry and exit are not
+  // drawn, nor the control edges into and out of them; an edge's id is its place in control_edges.
   const nodes = new Map();
-  for (const n of graph.nodes || []) nodes.set(n.id, n);
+  for (const n of graph.nodes || []) if (n.kind !== "entry" && n.kind !== "exit") nodes.set(n.id, n);
   const blocks = [];
   const blockOf = new Map();
   for (const b of graph.blocks || []) {
@@ -66,7 +68,7 @@ function prepare(graph) {
     indexInBlock.set(n.id, 0);
     blocks.push(block);
   }
-  const edges = graph.edges || [];
+  const edges = (graph.control_edges || []).map((e) => ({ ...e, drawn: nodes.has(e.from) && nodes.has(e.to) }));
   const back = new Set(graph.back_edges || []);
   const path = graph.last_path || [];
   const pathNodes = new Set(path);
@@ -84,15 +86,16 @@ function prepare(graph) {
   // Switch-cases: the control edges entering each block; a block entered from a branch point is
   // one of the cases a path chooses between (drawn dashed).
   const cases = new Map();
-  for (const c of graph.switch_cases || []) cases.set(c.block, c);
+  for (const c of graph.switch_cases || [])
+    cases.set(c.block, { ...c, entering: (c.entering || []).filter((i) => edges[i]?.drawn) });
   const outDegree = new Map();
-  for (const e of edges) outDegree.set(e.from, (outDegree.get(e.from) || 0) + 1);
+  for (const e of edges) if (e.drawn) outDegree.set(e.from, (outDegree.get(e.from) || 0) + 1);
   const choices = new Set();
   edges.forEach((e) => {
     const b = blockOf.get(e.to);
-    if (b && outDegree.get(e.from) > 1 && b.nodes[0] === e.to) choices.add(b.id);
+    if (e.drawn && b && outDegree.get(e.from) > 1 && b.nodes[0] === e.to) choices.add(b.id);
   });
-  const maxCount = edges.reduce((m, e) => Math.max(m, e.count || 1), 1);
+  const maxCount = edges.reduce((m, e) => (e.drawn ? Math.max(m, e.count || 1) : m), 1);
   return { graph, nodes, blocks, blockOf, indexInBlock, edges, back, pathNodes, pathLinks,
            fallbackNodes, reasons, cases, choices, maxCount };
 }
@@ -446,7 +449,7 @@ function render({ model, el: root }) {
     if (!hit) { details.textContent = "Click a node for its source line."; markSelected(); return; }
     let html = describe(hit);
     if (hit.node) {
-      const stack = (hit.node.source || []).map((f) => `${f[0].split("/").slice(-2).join("/")}:${f[1]} ${f[2]}`);
+      const stack = (hit.node.source?.frames || []).map((f) => `${f.file.split("/").slice(-2).join("/")}:${f.line} ${f.function}`);
       if (stack.length) html += `<details><summary>stack (outermost first)</summary><pre>${esc(stack.join("\n"))}</pre></details>`;
     }
     details.innerHTML = html;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "terra/case_assignment.h"
+#include "terra/export.h"
 #include "terra/location_key.h"
 
 #include <atomic>
@@ -93,19 +94,9 @@ const char* workers_trial_name(Graph::WorkersTrial t) {
 
 }  // namespace
 
-nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source) {
-  auto out = nlohmann::json::array();
-  if (source)
-    for (const terra::SourceFrame& f : source->frames) out.push_back({f.file, f.line, f.function});
-  return out;
-}
-
-nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source) {
-  const terra::SourceFrame* f = source ? terra::user_frame(*source) : nullptr;
-  return f ? nlohmann::json({f->file, f->line, f->function}) : nlohmann::json(nullptr);
-}
-
 nlohmann::json stats_json(const Graph& g) {
+  size_t edges = 0;  // between op nodes, as the views draw them
+  for (const terra::ControlEdge& e : g.trace.edges()) edges += e.from != terra::kEntryNode && e.to != terra::kExitNode;
   std::map<std::string, uint64_t> by_op;  // dispatched co-executed ops, per operator
   uint64_t dispatched_total = 0;
   for (const auto& n : g.nodes) {
@@ -121,7 +112,7 @@ nlohmann::json stats_json(const Graph& g) {
     top.push_back({dispatched[i].first, dispatched[i].second});
   return {{"name", g.name},
           {"nodes", g.op_nodes()},
-          {"edges", g.trace.edges().size()},
+          {"edges", edges},
           {"iteration_starts", g.roots.size()},
           {"iterations_traced", g.iterations_traced},
           {"iterations_coexecuted", g.iterations_coexecuted},
@@ -158,8 +149,8 @@ nlohmann::json fallbacks_json(const Graph& g) {
                    {"kind", terra::to_string(f.reason)},
                    {"op", f.source ? f.source->op_name : std::string()},
                    {"count", f.count},
-                   {"source", frames_json(f.source)},
-                   {"where", where_json(f.source)},
+                   {"source", terra::source_json(f.source.get())},
+                   {"where", terra::where_json(f.source.get())},
                    {"node", f.after == kNoNode ? nlohmann::json(nullptr) : nlohmann::json(f.after)}});
   return out;
 }
@@ -169,58 +160,32 @@ nlohmann::json to_json(const Graph& g) {
   std::unordered_map<uint32_t, bool> left_after;
   for (const terra::Fallback& f : g.fallbacks.entries())
     if (f.after != kNoNode) left_after[f.after] = true;
-
-  // Entry and exit are the TraceGraph's virtual nodes: the views draw what ran, from the markers.
-  const terra::TraceGraph& t = g.trace;
-  json nodes = json::array();
-  for (uint32_t id = terra::kExitNode + 1; id < t.size(); ++id) {
-    const RuntimeNode& n = g.nodes[id];
+  // The core's export of the one TraceGraph and its case assignment, and per node what the
+  // runtime knows: the template's label (op and output shapes) and kind, whether an iteration
+  // fell back after it.
+  json out = terra::to_json(g.trace, terra::assign_cases(g.trace));
+  for (json& n : out["nodes"]) {
+    const auto id = n["id"].get<uint32_t>();
+    if (id == terra::kEntryNode || id == terra::kExitNode) {
+      n["kind"] = id == terra::kEntryNode ? "entry" : "exit";
+      n["shapes"] = json::array();
+      n["fallback"] = false;
+      continue;
+    }
+    const OpTemplate& t = g.nodes[id].tmpl;
     json shapes = json::array();
-    for (const OutSpec& o : n.tmpl.outs)
+    for (const OutSpec& o : t.outs)
       if (!o.none) shapes.push_back(describe(o.meta));
-    nodes.push_back({{"id", id},
-                     {"label", n.tmpl.label()},
-                     {"op", n.tmpl.name},
-                     {"kind", kind_name(n.tmpl)},
-                     {"shapes", std::move(shapes)},
-                     {"count", t.node(id).count},
-                     {"source", frames_json(t.node(id).source)},
-                     {"where", where_json(t.node(id).source)},
-                     {"fallback", left_after.count(id) > 0}});
+    n["label"] = t.label();
+    n["op"] = t.name;
+    n["kind"] = kind_name(t);
+    n["shapes"] = std::move(shapes);
+    n["fallback"] = left_after.count(id) > 0;
   }
-  // Control edges between those nodes; an edge's place in this list is how the switch-cases name it.
-  json edges = json::array();
-  std::vector<uint32_t> place(t.edges().size(), kNoNode);
-  for (terra::EdgeId e = 0; e < t.edges().size(); ++e) {
-    const terra::ControlEdge& ce = t.edge(e);
-    if (ce.from == terra::kEntryNode || ce.to == terra::kExitNode) continue;
-    place[e] = static_cast<uint32_t>(edges.size());
-    edges.push_back({{"from", ce.from}, {"to", ce.to}, {"count", ce.count}});
-  }
-  auto edge_of = [&](terra::EdgeId e) { return place[e] == kNoNode ? json(nullptr) : json(place[e]); };
-
-  json blocks = json::array(), cases = json::array(), back = json::array();
-  const terra::CaseAssignment assignment = terra::assign_cases(t);
-  for (size_t b = 0; b < assignment.cases.size(); ++b) {
-    const terra::SwitchCase& sc = assignment.cases[b];
-    blocks.push_back({{"id", b}, {"nodes", sc.block.nodes}});
-    json entering = json::array();
-    for (terra::EdgeId e : sc.entering)
-      if (json i = edge_of(e); !i.is_null()) entering.push_back(i);
-    cases.push_back({{"block", b}, {"entering", std::move(entering)}});
-  }
-  for (terra::EdgeId e : assignment.back_edges)
-    if (json i = edge_of(e); !i.is_null()) back.push_back(i);
-
-  json out = {{"name", g.name},
-              {"nodes", std::move(nodes)},
-              {"edges", std::move(edges)},
-              {"blocks", std::move(blocks)},
-              {"switch_cases", std::move(cases)},
-              {"back_edges", std::move(back)},
-              {"last_path", g.last_path},
-              {"fallbacks", fallbacks_json(g)},
-              {"stats", stats_json(g)}};
+  out["name"] = g.name;
+  out["last_path"] = g.last_path;
+  out["fallbacks"] = fallbacks_json(g);
+  out["stats"] = stats_json(g);
   return out;
 }
 

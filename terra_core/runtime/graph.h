@@ -124,17 +124,15 @@ struct Graph {
   void record_path(std::vector<uint32_t>& path);
 };
 
-// The graph for viewers (`terra.graph_json`): nodes with labels, shapes, counts and sources,
-// control edges with counts, the core's basic blocks and switch-cases over them, the last path,
-// fallbacks with the node they left after, and the statistics.
+// The graph for viewers (`terra.graph_json`): the core's export schema (terra/export.h: nodes,
+// control edges, blocks and switch-cases of the one TraceGraph) with, per node, its kind, the
+// template's label and output shapes and whether an iteration fell back after it (entry and exit
+// have kind "entry" and "exit"), and the name, the last path, fallbacks and statistics.
 nlohmann::json to_json(const Graph& graph);
 nlohmann::json stats_json(const Graph& graph);  // iterations and ops by how they ran, times
-// Its fallbacks: reason (text), kind, op, count, source, where, node (the node left after).
+// Its fallbacks: reason (text), kind, op, count, source and where (terra/export.h's shapes), node
+// (the node the iteration left after).
 nlohmann::json fallbacks_json(const Graph& graph);
-// An op's frames, outermost first, as [file, line, function]; its user's frame
-// (terra::user_frame) as one, or null.
-nlohmann::json frames_json(const std::shared_ptr<const terra::SourceInfo>& source);
-nlohmann::json where_json(const std::shared_ptr<const terra::SourceInfo>& source);
 // The payoff check's state: phase, checks made, the last choice and the times it compared.
 nlohmann::json payoff_json(const terra::Payoff& payoff);
 

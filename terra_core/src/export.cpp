@@ -15,19 +15,15 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
+json frame_json(const SourceFrame& f) { return {{"file", f.file}, {"line", f.line}, {"function", f.function}}; }
+
 json node_json(const TraceGraph& g, NodeId id) {
   const Node& n = g.node(id);
   json j = {{"id", id}, {"key", to_string(n.key)}, {"label", label(g, id)}, {"count", n.count},
             {"fetch_count", n.fetch_count}};
   j["op"] = n.source ? json(n.source->op_name) : json(nullptr);
-  if (n.source) {
-    json frames = json::array();
-    for (const SourceFrame& f : n.source->frames)
-      frames.push_back({{"file", f.file}, {"line", f.line}, {"function", f.function}});
-    j["source"] = {{"op", n.source->op_name}, {"frames", frames}};
-  } else {
-    j["source"] = nullptr;
-  }
+  j["source"] = source_json(n.source.get());
+  j["where"] = where_json(n.source.get());
   json outputs = json::array();
   for (const MetaVariant& v : n.metas) {
     json tensors = json::array();
@@ -82,6 +78,18 @@ std::string dot_escape(const std::string& s) {
 }
 
 }  // namespace
+
+json source_json(const SourceInfo* source) {
+  if (!source) return nullptr;
+  json frames = json::array();
+  for (const SourceFrame& f : source->frames) frames.push_back(frame_json(f));
+  return {{"op", source->op_name}, {"frames", frames}};
+}
+
+json where_json(const SourceInfo* source) {
+  const SourceFrame* f = source ? user_frame(*source) : nullptr;
+  return f ? frame_json(*f) : json(nullptr);
+}
 
 std::string label(const TraceGraph& g, NodeId id) {
   if (id == kEntryNode) return "entry";

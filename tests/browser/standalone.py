@@ -47,7 +47,7 @@ def synthetic_graph(nodes=10_000, block=40, seed=0):
     rng = random.Random(seed)
     ops = ["aten::linear", "aten::relu", "aten::add.Tensor", "aten::mul.Tensor", "aten::mean",
            "aten::layer_norm", "aten::softmax.int", "aten::matmul", "aten::dropout", "backward"]
-    graph = {"name": "synthetic", "cell": "synthetic", "nodes": [], "edges": [], "blocks": [],
+    graph = {"name": "synthetic", "cell": "synthetic", "nodes": [], "control_edges": [], "blocks": [],
              "switch_cases": [], "back_edges": [], "last_path": [], "fallbacks": [], "stats": {}}
 
     def new_block(size):
@@ -56,7 +56,8 @@ def synthetic_graph(nodes=10_000, block=40, seed=0):
             i = len(graph["nodes"])
             graph["nodes"].append({"id": i, "label": "", "op": rng.choice(ops), "kind": "graph",
                                    "shapes": [f"Float[{rng.choice([32, 64, 128])}, 64]"],
-                                   "count": 10, "source": [["synthetic.py", 1 + i % 500, "step"]],
+                                   "count": 10, "source": {"op": "op", "frames": [
+                                       {"file": "synthetic.py", "line": 1 + i % 500, "function": "step"}]},
                                    "fallback": False, "where": None})
             if ids:
                 edge(ids[-1], i, 10)
@@ -65,8 +66,8 @@ def synthetic_graph(nodes=10_000, block=40, seed=0):
         return ids
 
     def edge(a, b, count):
-        graph["edges"].append({"from": a, "to": b, "count": count})
-        return len(graph["edges"]) - 1
+        graph["control_edges"].append({"id": len(graph["control_edges"]), "from": a, "to": b, "count": count})
+        return len(graph["control_edges"]) - 1
 
     last = new_block(block)
     while len(graph["nodes"]) < nodes:
@@ -83,10 +84,10 @@ def synthetic_graph(nodes=10_000, block=40, seed=0):
             edge(last[-1], nxt[0], 10)
             last = nxt
     entering = {}
-    for index, e in enumerate(graph["edges"]):
+    for index, e in enumerate(graph["control_edges"]):
         entering.setdefault(e["to"], []).append(index)
     graph["switch_cases"] = [{"block": b["id"], "entering": [i for i in entering.get(b["nodes"][0], [])
-                                                             if graph["edges"][i]["from"] not in b["nodes"]]}
+                                                             if graph["control_edges"][i]["from"] not in b["nodes"]]}
                              for b in graph["blocks"]]
     graph["last_path"] = graph["blocks"][0]["nodes"] + graph["blocks"][1]["nodes"]
     graph["nodes"][len(graph["nodes"]) // 2]["fallback"] = True

@@ -72,7 +72,7 @@ def test_graph_magic_opens_a_widget_with_the_engine_graph(kc):
     exported = engine_json(kc, "terra.graph_json()")
     assert graph["name"] == exported["name"]
     assert len(graph["nodes"]) == len(exported["nodes"]) > 10
-    assert graph["edges"] == exported["edges"]
+    assert graph["control_edges"] == exported["control_edges"]
     assert graph["blocks"] == exported["blocks"]
     assert graph["switch_cases"] == exported["switch_cases"]
     assert graph["last_path"] == exported["last_path"]
@@ -84,7 +84,7 @@ def test_graph_magic_opens_a_widget_with_the_engine_graph(kc):
             "code": "loss = loss + 0.01 * logits.pow(2).mean()"} in places
     # Fallbacks for frontends without widgets: a text summary and a static SVG of the blocks.
     data = shown["data"]
-    assert f"{len(exported['nodes'])} nodes" in data["text/plain"]
+    assert f"{exported['stats']['nodes']} nodes" in data["text/plain"]
     svg = ElementTree.fromstring(data["image/svg+xml"])
     boxes = svg.findall("{http://www.w3.org/2000/svg}rect")
     assert len(boxes) == len(exported["blocks"])
@@ -225,8 +225,8 @@ def test_headless_run_keeps_the_views_state(tmp_path):
     views = {s["state"].get("_anywidget_id"): s["state"] for s in states.values()
              if s["model_name"] == "AnyModel"}
     graph = views["terra_kernel.views.GraphView"]["graph"]
-    assert (f"graph of the training cell: {len(graph['nodes'])} nodes, "
-            f"{len(graph['blocks'])} basic blocks, {len(graph['edges'])} edges") in printed
+    assert (f"graph of the training cell: {graph['stats']['nodes']} nodes, "
+            f"{len(graph['blocks'])} basic blocks, {graph['stats']['edges']} edges") in printed
     assert views["terra_kernel.views.TimelineView"]["timeline"]["iterations"]
     # Each view's output keeps its static fallback beside the widget view.
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs

@@ -43,18 +43,22 @@ def test_graph_json_describes_the_recorded_graph():
     terra.run(branchy)
     g = terra.graph_json()
     assert g["name"] == "branchy"
-    # Ids are the TraceGraph's node ids: dense, the virtual entry (0) and exit (1) not drawn.
-    nodes = {n["id"]: n for n in g["nodes"]}
-    assert set(nodes) == set(range(2, 2 + len(g["nodes"])))
+    # The core's export schema over the one TraceGraph: ids are its dense node ids, the virtual
+    # entry (0) and exit (1) included; an edge's id is its place in control_edges.
+    assert [n["id"] for n in g["nodes"]] == list(range(len(g["nodes"])))
+    assert [n["kind"] for n in g["nodes"][:2]] == ["entry", "exit"]
+    assert [e["id"] for e in g["control_edges"]] == list(range(len(g["control_edges"])))
+    nodes = {n["id"]: n for n in g["nodes"][2:]}
+    ops = [e for e in g["control_edges"] if e["from"] in nodes and e["to"] in nodes]
     assert g["stats"] == terra.stats("branchy")
-    assert g["stats"]["nodes"] == len(nodes)
+    assert (g["stats"]["nodes"], g["stats"]["edges"]) == (len(nodes), len(ops))
     ids = set(nodes)
 
     # Blocks: disjoint, made of known nodes, covering every node a path followed.
     in_blocks = [i for b in g["blocks"] for i in b["nodes"]]
     assert len(in_blocks) == len(set(in_blocks))
     assert set(in_blocks) <= ids
-    followed = {e["from"] for e in g["edges"]} | {e["to"] for e in g["edges"]}
+    followed = {e["from"] for e in ops} | {e["to"] for e in ops}
     assert followed <= set(in_blocks)
     # The branch every third step: the graph forks, so there are several switch-cases and some
     # block is entered by more than one edge or starts after a fork.
@@ -62,10 +66,10 @@ def test_graph_json_describes_the_recorded_graph():
     assert len(g["switch_cases"]) == len(g["blocks"])
     for case in g["switch_cases"]:
         for e in case["entering"]:
-            assert g["edges"][e]["to"] == g["blocks"][case["block"]]["nodes"][0]
+            assert g["control_edges"][e]["to"] == g["blocks"][case["block"]]["nodes"][0]
 
     # The last path walks recorded edges from an iteration marker.
-    edges = {(e["from"], e["to"]) for e in g["edges"]}
+    edges = {(e["from"], e["to"]) for e in ops}
     path = g["last_path"]
     assert nodes[path[0]]["kind"] == "iteration"
     assert len(path) > 5

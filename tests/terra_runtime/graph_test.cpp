@@ -54,24 +54,31 @@ TEST(Graph, TheViewsJsonIsTheOneGraphWithItsBlocksAndLastPath) {
   EXPECT_EQ(g.trace.node(x).count, 3u);
   EXPECT_EQ(g.trace.node(y).count, 2u);
 
+  // The core's export schema (terra/export.h) with the runtime's fields on each node.
   const nlohmann::json j = to_json(g);
-  ASSERT_EQ(j["nodes"].size(), 4u);  // entry and exit are not drawn
-  EXPECT_EQ(j["nodes"][0]["id"], marker);
-  EXPECT_EQ(j["nodes"][0]["kind"], "iteration");
-  EXPECT_EQ(j["nodes"][2]["count"], 2);
+  ASSERT_EQ(j["nodes"].size(), 6u);
+  EXPECT_EQ(j["nodes"][0]["kind"], "entry");
+  EXPECT_EQ(j["nodes"][1]["kind"], "exit");
+  EXPECT_EQ(j["nodes"][marker]["kind"], "iteration");
+  EXPECT_EQ(j["nodes"][y]["count"], 2);
+  EXPECT_EQ(j["nodes"][y]["op"], "aten::relu");
+  EXPECT_EQ(j["nodes"][y]["fallback"], false);
   EXPECT_EQ(j["last_path"], (std::vector<uint32_t>{marker, x, y, z}));
-  ASSERT_EQ(j["edges"].size(), 4u);  // marker-x, x-y, y-z, x-z
+  // entry-marker, marker-x, x-y, y-z, z-exit, x-z
+  ASSERT_EQ(j["control_edges"].size(), 6u);
+  for (size_t e = 0; e < j["control_edges"].size(); ++e) EXPECT_EQ(j["control_edges"][e]["id"], e);
   // Blocks: {marker, x}, {y}, {z}; z's switch-case is entered from y and from x.
   ASSERT_EQ(j["blocks"].size(), 3u);
   EXPECT_EQ(j["blocks"][0]["nodes"], (std::vector<uint32_t>{marker, x}));
   bool joined = false;
   for (const auto& c : j["switch_cases"]) {
     const auto& first = j["blocks"][c["block"].get<size_t>()]["nodes"][0];
-    for (const auto& e : c["entering"]) EXPECT_EQ(j["edges"][e.get<size_t>()]["to"], first);
+    for (const auto& e : c["entering"]) EXPECT_EQ(j["control_edges"][e.get<size_t>()]["to"], first);
     joined = joined || (first == z && c["entering"].size() == 2);
   }
   EXPECT_TRUE(joined);
   EXPECT_EQ(j["stats"]["nodes"], 4);
+  EXPECT_EQ(j["stats"]["edges"], 4);  // between op nodes, as the views draw them
 }
 
 }  // namespace

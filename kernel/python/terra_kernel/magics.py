@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from . import viewdata
+from . import static_views, viewdata
 
 USAGE = """\
 %terra on              co-execute the following cells (the default)
@@ -201,15 +201,15 @@ class TerraMagics(Magics):
         s = graph["stats"]
         print(f"{self.cells.labels.get(name, name)} ({name}): {s['nodes']} nodes, {s['edges']} edges, "
               f"{s['iteration_starts']} iteration starts")
-        nodes = {n["id"]: n for n in graph["nodes"]}
+        nodes = static_views.op_nodes(graph)
         taken = {}
-        for e in graph["edges"]:
+        for _, e in static_views.op_edges(graph, nodes):
             taken.setdefault(e["from"], []).append((e["to"], e["count"]))
         branches = [(i, succ) for i, succ in sorted(taken.items()) if len(succ) > 1]
         print(f"branch points: {len(branches)}")
         for i, succ in branches[:20]:
             where = nodes[i]["where"]
-            line = f" (line {where[1]})" if where else ""
+            line = f" (line {where['line']})" if where else ""
             print(f"  #{i} {nodes[i]['label']}{line}: " + ", ".join(f"→{to} ×{count}" for to, count in succ))
 
     def _cmd_timeline(self, args):

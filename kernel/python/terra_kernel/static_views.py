@@ -17,11 +17,22 @@ VEGA_LITE = "application/vnd.vegalite.v5+json"
 
 
 # -- graph ----------------------------------------------------------------------------------------
+def op_nodes(graph):
+    """The graph's nodes by id, the TraceGraph's virtual entry and exit left out."""
+    return {n["id"]: n for n in graph.get("nodes", []) if n.get("kind") not in ("entry", "exit")}
+
+
+def op_edges(graph, nodes):
+    """(edge id, edge) of the control edges between `nodes`."""
+    return [(i, e) for i, e in enumerate(graph.get("control_edges", []))
+            if e["from"] in nodes and e["to"] in nodes]
+
+
 def graph_text(graph):
     stats = graph.get("stats", {})
-    nodes, blocks = graph.get("nodes", []), graph.get("blocks", [])
+    nodes, blocks = op_nodes(graph), graph.get("blocks", [])
     lines = [f"Terra graph {graph.get('cell', graph.get('name'))}: {len(nodes)} nodes, "
-             f"{len(graph.get('edges', []))} edges, {len(blocks)} basic blocks, "
+             f"{len(op_edges(graph, nodes))} edges, {len(blocks)} basic blocks, "
              f"{len(graph.get('switch_cases', []))} switch-cases"]
     if stats:
         lines.append(f"iterations: {stats.get('iterations_traced', 0)} traced, "
@@ -38,14 +49,14 @@ def graph_text(graph):
 def graph_svg(graph, max_blocks=400):
     """A static overview: one box per basic block (first and last op, op count), edges between
     blocks with the times taken; fallback blocks outlined red."""
-    nodes = {n["id"]: n for n in graph.get("nodes", [])}
+    nodes = op_nodes(graph)
     blocks = graph.get("blocks", [])[:max_blocks]
     if not blocks:
         return None
     block_of = {nid: b["id"] for b in blocks for nid in b["nodes"]}
     back = set(graph.get("back_edges", []))
     links = {}
-    for index, e in enumerate(graph.get("edges", [])):
+    for index, e in op_edges(graph, nodes):
         a, b = block_of.get(e["from"]), block_of.get(e["to"])
         if a is None or b is None or a == b or index in back:
             continue

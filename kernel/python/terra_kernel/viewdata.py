@@ -19,11 +19,11 @@ def place(shell, filename):
 
 
 def where(shell, frame):
-    """The user's line behind an op (the engine's `where`: file, line, function): cell (or file),
-    line, function and the line's text."""
+    """The user's line behind an op (the engine's `where`: {file, line, function}): cell (or
+    file), line, function and the line's text."""
     if frame is None:
         return None
-    filename, line, function = frame[0], int(frame[1]), frame[2]
+    filename, line, function = frame["file"], int(frame["line"]), frame["function"]
     return {"cell": place(shell, filename), "line": line, "function": function,
             "code": linecache.getline(filename, line).strip()}
 

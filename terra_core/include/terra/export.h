@@ -4,10 +4,14 @@
 // JSON shapes (all ids are the engine's dense ids; 64-bit hashes and tensor identities are hex
 // strings, because JavaScript numbers cannot hold them):
 //   TraceGraph: {traces, paths, ends:{normal,exception,break}, nodes:[{id,key,label,op,source,
-//     count,fetch_count,outputs:[{count,tensors:[{sizes,strides,dtype,device_type,device_index,
-//     requires_grad}]}],inputs:[[{kind,node|id,output,count}]]}], control_edges:[{id,from,to,count}],
-//     data_edges:[{from,output,to,input,count}]} plus, with cases, blocks:[{id,nodes}],
-//     switch_cases:[{block,entering}], back_edges.
+//     where,count,fetch_count,outputs:[{count,tensors:[{sizes,strides,dtype,device_type,
+//     device_index,requires_grad}]}],inputs:[[{kind,node|id,output,count}]]}],
+//     control_edges:[{id,from,to,count}], data_edges:[{from,output,to,input,count}]} plus, with
+//     cases, blocks:[{id,nodes}], switch_cases:[{block,entering}], back_edges (edges by id: an
+//     edge's id is its place in control_edges).
+//   Source: {op, frames:[{file,line,function}] outermost first} or null; where: the user's frame
+//     (user_frame) as {file,line,function} or null. The runtime's views (runtime/graph.h) are
+//     this same schema with what only the runtime knows added to it.
 //   SymbolicGraph: {single_pass, slots, entry, segments:[{id,entering,ops,selects,writes,feeds,
 //     fetches,next}]}.
 // Counts are exact integers, so a consumer can reconstruct every count of the graph.
@@ -25,6 +29,9 @@ namespace terra {
 
 // A short label for a node: its op and innermost source line if known, else its key.
 std::string label(const TraceGraph& graph, NodeId id);
+
+nlohmann::json source_json(const SourceInfo* source);
+nlohmann::json where_json(const SourceInfo* source);
 
 nlohmann::json to_json(const TraceGraph& graph);
 nlohmann::json to_json(const TraceGraph& graph, const CaseAssignment& cases);

@@ -321,9 +321,14 @@ def explain(name=None):
     out = []
     for graph in names:
         for f in _c().fallbacks(graph):  # frames as (file, line, function) tuples
-            out.append(dict(f, graph=graph, source=[tuple(frame) for frame in f["source"]],
-                            where=tuple(f["where"]) if f["where"] else None))
+            frames = f["source"]["frames"] if f["source"] else []
+            out.append(dict(f, graph=graph, source=[_frame(x) for x in frames],
+                            where=_frame(f["where"]) if f["where"] else None))
     return out
+
+
+def _frame(frame):
+    return frame["file"], frame["line"], frame["function"]
 
 
 def _graph_name(name):
@@ -338,14 +343,16 @@ def _graph_name(name):
 
 
 def graph_json(name=None):
-    """One graph (the most recently entered when name is None) for viewers, as plain data:
+    """One graph (the most recently entered when name is None) for viewers, as plain data, in
+    the engine's one export schema (terra_core/include/terra/export.h):
 
-    nodes [{id, label, op, kind, shapes, count, source [(file, line, function)...] outermost
-    first, where (the user's own frame), fallback}], edges [{from, to, count}], blocks [{id,
-    nodes}] (basic blocks in switch-case order, from the core's case assignment), switch_cases
-    [{block, entering: edge indices}], back_edges, last_path (node ids of the last iteration),
-    fallbacks [{reason, kind, op, count, source, where, node: the node the iteration left
-    after}], stats."""
+    nodes [{id, key, label, op, kind, shapes, count, source {op, frames [{file, line,
+    function}] outermost first}, where (the user's own frame {file, line, function}), outputs,
+    fallback}] (ids are the TraceGraph's: the virtual entry 0 and exit 1 have kinds "entry" and
+    "exit"), control_edges [{id, from, to, count}], blocks [{id, nodes}] (basic blocks in
+    switch-case order, from the core's case assignment), switch_cases [{block, entering: edge
+    ids}], back_edges, last_path (node ids of the last iteration), fallbacks [{reason, kind,
+    op, count, source, where, node: the node the iteration left after}], stats."""
     return _c().graph_json(_graph_name(name))
 
 
