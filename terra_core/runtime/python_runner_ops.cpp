@@ -347,6 +347,7 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
   }
   if (t.runs_python) {
     // Hooks or a custom Function's backward: run it here, in program order, on real tensors.
+    graph_->fallbacks.record(terra::FallbackReason::AutogradRoute, {}, t.source, node);
     ++graph_->fetches;
     catch_up();
     raise_if_failed();

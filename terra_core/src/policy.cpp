@@ -157,6 +157,9 @@ constexpr ReasonText kReasons[kFallbackReasons] = {
     {"eager_call", "left co-execution for a call it runs eagerly"},
     {"warning", "it raised a warning while run by the GraphRunner: from now on it runs on the program "
                 "thread (a fetch), so its warnings come at its call, as eagerly"},
+    {"autograd_route", "its backward runs Python (a tensor or module hook, a custom autograd.Function): "
+                       "it runs through autograd on the program thread, in program order, and is never "
+                       "replayed below autograd (the GraphRunner replays the rest of the iteration)"},
     {"disabled", "co-execution is off (enabled=off): the loop is traced, never co-executed"},
 };
 

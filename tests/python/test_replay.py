@@ -229,6 +229,11 @@ def test_a_hook_keeps_the_autograd_route_and_runs_every_time():
     # replayed below it), and only the no_grad update is replayed.
     s = terra.stats()
     assert s["items_bound"] >= 3 * s["iterations_replayed"], s
+    # %terra explain says so, at the backward's line.
+    kept = [f for f in terra.explain() if f["kind"] == "autograd_route"]
+    assert len(kept) == 1 and kept[0]["op"] == "backward", terra.explain()
+    assert kept[0]["count"] >= s["iterations_coexecuted"] > 0
+    assert "hook" in kept[0]["reason"] and kept[0]["where"][2].endswith("hooked")
 
 
 def test_replay_setting_is_a_bool():

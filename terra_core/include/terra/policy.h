@@ -85,9 +85,10 @@ enum class FallbackReason : uint8_t {
   DivergenceCap,  // the iteration start left co-execution max_divergences times
   EagerCall,      // a call Terra runs eagerly (autograd.grad, a custom Function, a thread start)
   Warning,        // an op raised a warning on the GraphRunner: it runs on the program thread
+  AutogradRoute,  // a backward that runs Python (hooks, a custom Function) runs through autograd
   Disabled,       // co-execution is off (enabled=off): traced only
 };
-inline constexpr int kFallbackReasons = 13;
+inline constexpr int kFallbackReasons = 14;
 const char* to_string(FallbackReason reason);  // short name: "new_branch"
 const char* describe(FallbackReason reason);   // a sentence for the user
 // What `%terra explain` says of a fallback: the reason's sentence, then the detail if any.
