@@ -260,10 +260,12 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   // Entering an eager hold from a traced iteration (co-execution was left earlier, the team then
   // held back by the rate limit) moves it too: otherwise the hold's eager ops ran with two teams,
   // every parallel region a futex hand-off (corpus p03: 0.6-1.6 ms per eager step against 0.56).
-  // A hold has no co-executed iterations, so this cannot thrash.
+  // A hold has no co-executed iterations, so this cannot thrash. So does a loop that stays eager
+  // for good (the divergence or node cap): its eager steps ran with two teams to the end
+  // (stochastic_downsampling after its eighth divergence: 10.6 ms per eager step against 3.5).
   if (mode_ == Mode::CoExec && want != Mode::CoExec) {
-    catch_up(/*move_team=*/chosen_eager_);
-  } else if (chosen_eager_ && runner_ && runner_team_) {
+    catch_up(/*move_team=*/want == Mode::Eager);
+  } else if (want == Mode::Eager && runner_ && runner_team_) {
     take_team_back(/*always=*/true);
   }
   // The program thread's ops go to the GraphRunner from here, and its OpenMP team goes with them

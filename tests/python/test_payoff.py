@@ -166,6 +166,38 @@ def test_an_eager_hold_runs_with_one_openmp_team():
     assert max(held) <= max(eager_threads), (held, eager_threads)
 
 
+def capped(steps):
+    """A parallel op per step (a product over 400k elements), then a tensor of a length no earlier
+    step had, every other step: co-executed steps leave co-execution there until the loop reaches
+    the divergence cap and stays eager. Records the process's thread count in every step."""
+    torch.manual_seed(0)
+    x = torch.randn(400_000)
+    w = torch.zeros(())
+    threads = []
+    for step in range(steps):
+        w = w + (x * (step % 3 + 1)).sum() * 1e-6
+        w = w + torch.ones(2 + step // 2).sum()
+        threads.append(len(os.listdir("/proc/self/task")))
+    return w, threads
+
+
+def test_a_loop_kept_eager_by_the_divergence_cap_runs_with_one_openmp_team():
+    # Not the payoff check's choice (adaptive off): the cap keeps the loop eager for good, and its
+    # eager steps ran with the GraphRunner's pool beside the program's to the end.
+    terra.config(adaptive=False)
+    got, threads = terra.run(capped, 40)
+    expected, eager_threads = capped(40)
+    assert torch.equal(expected, got)
+    assert terra.stats("capped")["iterations_fallback"] >= terra.config()["max_divergences"], terra.stats("capped")
+    iterations = terra.timeline("capped")["iterations"]
+    loop = collections.Counter(it["loop"] for it in iterations).most_common(1)[0][0]
+    modes = [it["mode"] for it in iterations if it["loop"] == loop]
+    assert len(modes) == len(threads), (modes, threads)
+    held = [n for mode, n in zip(modes, threads) if mode == "eager"]
+    assert len(held) >= 5, modes
+    assert max(held) <= max(eager_threads), (held, eager_threads)
+
+
 def matmul_chain(w, x, steps):
     for _ in range(steps):
         x = torch.tanh(x @ w)
