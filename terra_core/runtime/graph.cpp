@@ -71,7 +71,7 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
   nlohmann::json loops = nlohmann::json::array();
   for (const auto& l : p.loops())
     loops.push_back({{"loop", l.loop}, {"iterations", l.iterations}, {"coexec_ms", l.coexec_s * 1e3},
-                     {"eager_ms", l.eager_s * 1e3}, {"diverged", l.diverged}});
+                     {"eager_ms", l.eager_s * 1e3}});
   return {{"phase", phase},
           {"loops", loops},
           {"checks", p.checks()},

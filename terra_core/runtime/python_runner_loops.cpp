@@ -182,12 +182,8 @@ void PythonRunner::end_iteration() {
     // co-execution at B's times, and hold eager execution for it.
     const bool other_way = !chosen_eager_ && graph_->workers_trial == Graph::WorkersTrial::Pairing &&
                            graph_->workers_pairing.b();
-    // An iteration that left co-execution counts, at what it cost (terra/payoff.h).
-    if (iteration_mode_ == Mode::CoExec && diverged_)
-      graph_->payoff.record_diverged(boundary_, seconds, policy_.payoff_margin, policy_.payoff_check_budget);
-    else
-      graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
-                            policy_.payoff_check_budget);
+    graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
+                          policy_.payoff_check_budget);
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
     if (choosing_spin()) pair_workers(clean, seconds);
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&

@@ -19,30 +19,10 @@ double Payoff::Window::median() const {
   return median_in_place(s.begin(), s.begin() + n);
 }
 
-void Payoff::Loop::attempt(bool diverged_now) {
-  attempts = static_cast<uint16_t>(attempts << 1 | (diverged_now ? 1 : 0));
-  attempts_n = std::min(attempts_n + 1, kAttempts);
-}
-
-double Payoff::Loop::diverged_share() const {
-  if (attempts_n == 0) return 0;
-  const unsigned mask = attempts_n >= kAttempts ? 0xffffu : (1u << attempts_n) - 1;
-  int n = 0;
-  for (unsigned bits = attempts & mask; bits; bits &= bits - 1) ++n;
-  return static_cast<double>(n) / attempts_n;
-}
-
-double Payoff::Loop::coexec_time() const {
-  if (diverged.n == 0) return coexec.n ? coexec.median() : 0;
-  if (coexec.n == 0) return diverged.median();
-  const double p = diverged_share();
-  return (1 - p) * coexec.median() + p * diverged.median();
-}
-
 std::vector<Payoff::LoopTimes> Payoff::loops() const {
   std::vector<LoopTimes> out;
   for (const auto& [id, l] : loops_)
-    out.push_back({id, l.iterations, l.coexec_time(), l.eager.n ? l.eager.median() : 0, l.diverged_share()});
+    out.push_back({id, l.iterations, l.coexec.n ? l.coexec.median() : 0, l.eager.n ? l.eager.median() : 0});
   std::sort(out.begin(), out.end(), [](const LoopTimes& a, const LoopTimes& b) { return a.iterations > b.iterations; });
   return out;
 }
@@ -53,15 +33,7 @@ void Payoff::start(Phase phase) {
   // A measuring phase times its mode afresh: older samples may be from another phase of the
   // program. The other mode's samples are recent (taken while it was held). Pairing keeps both.
   if (phase == Phase::Hold || phase == Phase::Pairing) return;
-  for (auto& [id, l] : loops_) {
-    if (phase == Phase::MeasureEager) {
-      l.eager = Window{};
-      continue;
-    }
-    l.coexec = l.diverged = Window{};
-    l.attempts = 0;
-    l.attempts_n = 0;
-  }
+  for (auto& [id, l] : loops_) (phase == Phase::MeasureCoExec ? l.coexec : l.eager) = Window{};
 }
 
 void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.add(seconds); }
@@ -69,47 +41,33 @@ void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
                     double check_budget) {
   Loop& l = loops_[loop];
-  if (clean) (eager ? l.eager : l.coexec).add(seconds);
-  if (clean && !eager) l.attempt(false);
-  advance(loop, eager, clean, seconds, margin, check_budget);
-}
-
-void Payoff::record_diverged(uint64_t loop, double seconds, double margin, double check_budget) {
-  Loop& l = loops_[loop];
-  l.diverged.add(seconds);
-  l.attempt(true);
-  advance(loop, /*eager=*/false, /*usable=*/true, seconds, margin, check_budget);
-}
-
-void Payoff::advance(uint64_t loop, bool eager, bool usable, double seconds, double margin,
-                     double check_budget) {
-  Loop& l = loops_[loop];
   ++l.iterations;
+  if (clean) (eager ? l.eager : l.coexec).add(seconds);
   if (phase_ == Phase::Hold) {
     if (--hold_left_ <= 0) start(choice_eager_ ? Phase::MeasureCoExec : Phase::MeasureEager);
     return;
   }
   if (phase_ == Phase::Pairing) {
     if (loop != pair_loop_) return;  // blocks of one loop's iterations only
-    const auto verdict = pairing_.record(usable && eager == pairing_.b(), seconds);
+    const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
     if (verdict == PairedTrial::Verdict::Running) return;
     // The times compared (explain's, hold_for's) say what the pairs said of the paired loop: the
     // latest blocks of the two modes saw different moments of the host.
     Totals t = totals(false);
     std::vector<double> ratios = pairing_.ratios();  // t(eager) / t(co-executed)
     const Loop& l = loops_[pair_loop_];
-    if (!ratios.empty() && l.coexec_timed() && l.eager.n > 0) {
+    if (!ratios.empty() && l.coexec.n > 0 && l.eager.n > 0) {
       const double ratio = median_in_place(ratios.begin(), ratios.end());
       const double w = static_cast<double>(l.iterations);
-      t.coexec += w * (l.eager.median() / ratio - l.coexec_time());
+      t.coexec += w * (l.eager.median() / ratio - l.coexec.median());
     }
     decide(verdict == PairedTrial::Verdict::TakeB, t, check_budget);
     return;
   }
   ++iterations_;
-  if (usable && eager == (phase_ == Phase::MeasureEager)) ++samples_;
+  if (clean && eager == (phase_ == Phase::MeasureEager)) ++samples_;
   if (samples_ >= kQuick && clear_winner(margin, check_budget)) return;
-  // A loop that never yields usable iterations (each the first after a switch, say) is checked anyway.
+  // A loop that never yields clean iterations (each one diverges, say) is checked anyway.
   if (samples_ < kSamples && iterations_ < 4 * kSamples) return;
   if (phase_ == Phase::MeasureCoExec && !measured_eager_) {
     start(Phase::MeasureEager);
@@ -131,7 +89,7 @@ void Payoff::advance(uint64_t loop, bool eager, bool usable, double seconds, dou
 void Payoff::start_pairing(double margin) {
   uint64_t most = 0;
   for (const auto& [id, l] : loops_) {
-    if (l.coexec_timed() && l.eager.n > 0 && l.iterations > most) {
+    if (l.coexec.n > 0 && l.eager.n > 0 && l.iterations > most) {
       most = l.iterations;
       pair_loop_ = id;
     }
@@ -145,10 +103,9 @@ Payoff::Totals Payoff::totals(bool traced_for_eager) const {
   Totals t;
   for (const auto& [id, l] : loops_) {
     const Window& eager = l.eager.n == 0 && traced_for_eager ? l.traced : l.eager;
-    if (!l.coexec_timed() || eager.n == 0) continue;
+    if (l.coexec.n == 0 || eager.n == 0) continue;
     const double w = static_cast<double>(l.iterations);
-    t.coexec += w * l.coexec_time();
-    t.diverged = t.diverged || l.diverged.n > 0;
+    t.coexec += w * l.coexec.median();
     t.eager += w * eager.median();
     t.weight += l.iterations;
   }
@@ -187,9 +144,8 @@ void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
   const int64_t base =
       checks_ > 0 && eager == choice_eager_ ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
-  hold_ = eager && t.diverged ? base
-         : eager             ? hold_for(base, eager_s_, coexec_s_, check_budget)
-                             : hold_for(base, coexec_s_, eager_s_, check_budget);
+  hold_ = eager ? hold_for(base, eager_s_, coexec_s_, check_budget)
+               : hold_for(base, coexec_s_, eager_s_, check_budget);
   hold_left_ = hold_;
   choice_eager_ = eager;
   ++checks_;

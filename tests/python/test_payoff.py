@@ -244,35 +244,3 @@ def test_the_first_two_iterations_of_a_coexecuted_run_are_not_payoff_samples(rep
     assert s["iterations_coexecuted"] >= 20 and runs, s
     assert (s["blocks_recorded"] >= 1) == replay, s
     assert s["iterations_unsteady"] == sum(min(n, 2) for n in runs), (s, modes)
-
-
-def ragged(steps):
-    """Every other step's batch has a length no earlier step had, and the next step repeats it: the
-    repeat is traced and adds nothing, so the step after it is co-executed, meets new arguments
-    at its first op and leaves co-execution (diverges)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    data = torch.randn(steps + 2, 3)
-    losses = []
-    for step in range(steps):
-        loss = model(data[: 2 + step // 2]).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return model, opt, losses
-
-
-def test_iterations_that_leave_coexecution_are_timed_as_coexecution():
-    # Margin -1: any time co-execution is measured at, eager execution wins. Timed only by its clean
-    # iterations, this loop (none clean) was never measured and kept being co-executed until the
-    # divergence cap; its diverged iterations are what co-executing it costs.
-    terra.config(adaptive=True, payoff_margin=-1.0)
-    steps = 40
-    expected = ragged(steps)
-    same_state(expected, terra.run(ragged, steps))
-    s = terra.stats("ragged")
-    assert s["iterations_fallback"] >= 3, s
-    assert s["payoff"]["checks"] >= 1 and s["payoff"]["choice"] == "eager", s["payoff"]
-    assert s["iterations_eager_chosen"] > 0, s

@@ -225,40 +225,6 @@ TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {
   EXPECT_FALSE(d.p.choice_eager());
 }
 
-// Co-executed iterations that mostly leave the graph (each diverges, is traced to its end and
-// costs 3x an eager one): co-execution is found slower, though its few clean iterations are not.
-TEST(Payoff, DivergedIterationsCountAtWhatTheyCost) {
-  Payoff p;
-  bool last = false;
-  for (int i = 0; i < 200 && p.checks() == 0; ++i) {
-    const bool eager = p.eager();
-    if (!eager && i % 4 != 3) {
-      p.record_diverged(1, 3.0, 0.0);
-    } else {
-      p.record(1, eager, eager == last, eager ? 1.0 : 0.9, 0.0);
-    }
-    last = eager;
-  }
-  EXPECT_EQ(p.checks(), 1u);
-  EXPECT_TRUE(p.choice_eager());
-  ASSERT_EQ(p.loops().size(), 1u);
-  EXPECT_GT(p.loops()[0].diverged, 0.5);
-  EXPECT_GT(p.coexec_seconds(), 2.0);  // 3/4 of 3.0 and 1/4 of 0.9
-  // Held only kFirstHold: the divergences may have been the first co-executed iterations
-  // learning the program's paths (a clean 2.4x loss would be held for hundreds).
-  EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);
-}
-
-// One divergence among many clean co-executed iterations weighs by its share, not by its time.
-TEST(Payoff, ARareDivergenceWeighsByItsShare) {
-  Payoff p;
-  for (int i = 0; i < Payoff::kAttempts - 1; ++i) p.record(1, false, true, 1.0, 0.0);
-  p.record_diverged(1, 5.0, 0.0);
-  ASSERT_EQ(p.loops().size(), 1u);
-  EXPECT_DOUBLE_EQ(p.loops()[0].diverged, 1.0 / Payoff::kAttempts);
-  EXPECT_DOUBLE_EQ(p.loops()[0].coexec_s, 1.0 + 4.0 / Payoff::kAttempts);
-}
-
 TEST(Payoff, WithoutCleanIterationsItChecksAnywayAndKeepsCoExecuting) {
   Payoff p;
   for (int i = 0; i < 8 * Payoff::kSamples && p.checks() == 0; ++i)

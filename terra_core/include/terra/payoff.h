@@ -27,17 +27,6 @@
 // for the switch, at the last check's times) costs at most kCheckBudget of the hold's time: after
 // co-execution measured 4.5x slower, that is 500 iterations, not 32.
 //
-// A co-executed iteration that leaves the graph (a new branch, new arguments: it diverges) is
-// what co-executing costs too: the GraphRunner is caught up, the rest of the iteration is traced,
-// and warm-up iterations are traced before co-execution resumes. Left out, a loop whose
-// iterations mostly diverged (rl_cartpole: each episode's length a new shape, 4-15 ms against
-// 2.5 eagerly) was never found slower: it kept trying co-execution until the divergence cap, a
-// tenth of its whole run. So a loop's co-execution time is its clean iterations' median weighted
-// with its diverged ones' by how many of its latest co-executed iterations diverged. Divergences
-// are also how a program's first co-executed iterations learn its other paths, once: an eager
-// choice they weighed in is held for kFirstHold iterations (growing only as checks confirm it),
-// never for the longer hold a steady loop's clear loss earns.
-//
 // The host's speed drifts by 10-30% over seconds (terra/paired_trial.h), so a phase of each mode
 // in turn decided by the drift where the two were close: gpt, whose co-execution won by 7-20% in
 // side-by-side blocks, co-executed 24 to 429 of 447 iterations by the luck of its first checks.
@@ -70,7 +59,6 @@ class Payoff {
   static constexpr int64_t kHoldGrowth = 4;   // each confirming check holds this much longer
   static constexpr int64_t kMaxHold = 8192;
   static constexpr double kCheckBudget = 0.03;  // default: a re-check's cost, as a share of its hold
-  static constexpr int kAttempts = 16;  // co-executed iterations a divergence share is taken over
   // Iterations to hold the faster mode (per-iteration times `fast` and `slow`) so that a re-check
   // costs at most `budget` of the hold's time; at least `base`, at most kMaxHold.
   static int64_t hold_for(int64_t base, double fast, double slow, double budget = kCheckBudget);
@@ -86,8 +74,6 @@ class Payoff {
   // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
   void record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
               double check_budget = kCheckBudget);
-  // A co-executed iteration of `loop` left co-execution (diverged) and took `seconds` in all.
-  void record_diverged(uint64_t loop, double seconds, double margin, double check_budget = kCheckBudget);
   // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
   void record_traced(uint64_t loop, double seconds);
 
@@ -105,9 +91,7 @@ class Payoff {
   double eager_seconds() const { return eager_s_; }
   struct LoopTimes {
     uint64_t loop = 0, iterations = 0;
-    // Medians of the latest clean iterations (co-execution's weighted with its diverged ones);
-    // 0: none. `diverged`: the share of its latest co-executed iterations that diverged.
-    double coexec_s = 0, eager_s = 0, diverged = 0;
+    double coexec_s = 0, eager_s = 0;  // medians of the latest clean iterations; 0: none
   };
   std::vector<LoopTimes> loops() const;
 
@@ -119,26 +103,15 @@ class Payoff {
     double median() const;
   };
   struct Loop {
-    Window coexec, eager, traced, diverged;
+    Window coexec, eager, traced;
     uint64_t iterations = 0;  // weight in a check
-    // The latest co-executed iterations (clean or diverged), newest in bit 0: 1 if it diverged.
-    uint16_t attempts = 0;
-    int attempts_n = 0;
-    void attempt(bool diverged);
-    double diverged_share() const;
-    bool coexec_timed() const { return coexec.n > 0 || diverged.n > 0; }
-    double coexec_time() const;  // per co-executed iteration, divergences included
   };
   struct Totals {  // weighted over the loops timed both ways
     double coexec = 0, eager = 0;
     uint64_t weight = 0;
-    bool diverged = false;  // co-execution's time includes diverged iterations
   };
   // `traced_for_eager`: loops not yet timed eagerly use their traced times instead.
   Totals totals(bool traced_for_eager) const;
-  // What record and record_diverged share once the sample is kept: `usable`, the iteration is a
-  // sample of its mode.
-  void advance(uint64_t loop, bool eager, bool usable, double seconds, double margin, double check_budget);
   void start(Phase phase);
   void start_pairing(double margin);
   bool clear_winner(double margin, double check_budget);  // decides early if one mode is clearly faster
