@@ -244,6 +244,8 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   path_.clear();
   uncounted_.clear();  // counts restart with the iteration
   path_.push_back(cur_);
+  // Every iteration start is counted (the marker's count is how often the loop ran, eager
+  // iterations included); only traced and co-executed iterations end a path (record_path).
   graph_->trace.take(terra::kEntryNode, cur_);
   const bool was_chosen_eager = chosen_eager_;
   chosen_eager_ = false;
