@@ -7,6 +7,7 @@ outlive the session, and the explicit `coexecute`/`iteration` API.
 """
 import collections
 import gc
+import importlib.util
 import sys
 import threading
 import weakref
@@ -1201,6 +1202,27 @@ def test_a_file_edited_after_import_does_not_replace_the_code_that_runs(program_
     got = terra.run(module.main)
     assert torch.equal(got, expected), (got, expected)
     assert terra._instrument(module.main) is None and terra._instrument(module.helper) is None
+
+
+def test_the_cache_of_instrumented_code_is_bounded_and_keeps_what_is_used(tmp_path):
+    # A notebook defines its functions again each time a cell runs: each definition is new code.
+    path = tmp_path / "steps.py"
+    path.write_text("def step(xs):\n    total = 0\n    for x in xs:\n        total = total + x\n    return total\n")
+
+    def load():
+        spec = importlib.util.spec_from_file_location("steps", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.step
+
+    first = load()
+    assert terra._instrument(first)([1, 2, 3]) == 6
+    for _ in range(terra._INSTRUMENTED_MAX + 50):
+        assert terra._instrument(load()) is not None
+        terra._instrument(first)  # used all along: kept
+    assert len(terra._instrumented) <= terra._INSTRUMENTED_MAX
+    assert any(entry[0] is first.__code__ for entry in terra._instrumented.values())
+    assert terra._instrument(first)([4, 5]) == 9
 
 
 LAYER_LOOP_PROGRAM = '''

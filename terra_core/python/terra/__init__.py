@@ -15,6 +15,7 @@ PyTorch.
 """
 import ast
 import builtins
+import collections
 import contextlib
 import copy
 import dis
@@ -145,7 +146,11 @@ def iteration():
         _c().mark(loop_id ^ _loops.EXIT)
 
 
-_instrumented = {}
+# Instrumented copies of code, by (code, globals, mark), the most recently used last. Bounded: a
+# notebook defines new functions each time a cell runs again, and each entry holds its code and
+# globals; the oldest go (made again if used again).
+_instrumented = collections.OrderedDict()
+_INSTRUMENTED_MAX = 1024
 
 
 def _compile_def(fn, fdef):
@@ -218,6 +223,10 @@ def _instrument(fn, mark=_loops.MARK):
     cached = _instrumented.get(key)
     if cached is None or cached[0] is not code or cached[1] is not fn.__globals__:
         cached = _instrumented[key] = (code, fn.__globals__, _instrumented_code(fn, mark))
+        if len(_instrumented) > _INSTRUMENTED_MAX:
+            _instrumented.popitem(last=False)
+    else:
+        _instrumented.move_to_end(key)
     new_code = cached[2]
     if new_code is None:
         return None
