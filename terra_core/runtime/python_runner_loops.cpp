@@ -249,7 +249,7 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   graph_->trace.take(terra::kEntryNode, cur_);
   const bool was_chosen_eager = chosen_eager_;
   chosen_eager_ = false;
-  const terra::Decision decision = terra::decide(policy_, {graph_->nodes.size(), root.warmup.quiet, root.divergences});
+  const terra::Decision decision = terra::decide(policy_, {graph_->op_nodes(), root.warmup.quiet, root.divergences});
   Mode want = decision.action == terra::Decision::Action::StayEager ? Mode::Eager
               : decision.action == terra::Decision::Action::CoExecute ? stable_mode()
                                                                        : Mode::Tracing;

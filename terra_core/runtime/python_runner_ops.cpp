@@ -185,7 +185,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
   std::string why;  // why the nodes at this location did not validate (explain_unsteady)
   if (auto it = graph_->index.find(lookup); it != graph_->index.end())
     node = match_node(it->second, *stack, first_new_ == kNoNode ? &why : nullptr);
-  if (node == kNoNode && graph_->nodes.size() >= policy_.max_nodes) {
+  if (node == kNoNode && graph_->op_nodes() >= policy_.max_nodes) {
     // max_nodes was checked only where an iteration begins, so one iteration that never ends (a
     // training loop in a library's code, which nothing marks) grew the graph without bound, every
     // op traced: about 4 µs over eager per op, and memory. The rest of it runs eagerly.

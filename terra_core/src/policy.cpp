@@ -249,7 +249,8 @@ std::string describe(FallbackReason reason, const std::string& detail) {
 namespace {
 
 bool same_place(const std::shared_ptr<const SourceInfo>& a, const std::shared_ptr<const SourceInfo>& b) {
-  if (!a || !b) return a == b;
+  if (a == b) return true;  // one node's source, recorded again (each iteration, say): no string compares
+  if (!a || !b) return false;
   if (a->op_name != b->op_name) return false;
   const SourceFrame* fa = user_frame(*a);
   const SourceFrame* fb = user_frame(*b);

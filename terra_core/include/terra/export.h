@@ -14,7 +14,8 @@
 //     this same schema with what only the runtime knows added to it.
 //   SymbolicGraph: {single_pass, slots, entry, segments:[{id,entering,ops,selects,writes,feeds,
 //     fetches,next}]}.
-// Counts are exact integers, so a consumer can reconstruct every count of the graph.
+// Counts are exact integers, so a consumer can reconstruct every count of the graph (but for the
+// outputs' per-variant counts of a graph built op by op, which keeps none: 0, trace_graph.h).
 #pragma once
 
 #include <string>
