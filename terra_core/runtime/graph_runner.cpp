@@ -967,7 +967,7 @@ void GraphRunner::use_threads(int n) {
   // Reductions split work by thread count: the program thread's, so results are bitwise those
   // of eager execution (or one, where a replayed block was checked to give the same bits).
   if (n > 0 && at::get_num_threads() != n) set_intraop_threads(n);
-  ready_openmp_workers(n);  // a pool released (ReleaseTeam) at the same count is new
+  ready_openmp_workers(n);  // its workers, once made, are lowered at the next iteration's start
 }
 
 void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_kernel_threads) {

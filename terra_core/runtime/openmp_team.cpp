@@ -178,12 +178,52 @@ void TeamRegion::wait_out() {
 
 namespace {
 
+// A thread's name (its /proc comm, without the newline); empty where it cannot be read.
+std::string thread_name(pid_t tid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/comm", static_cast<int>(tid));
+  std::FILE* f = std::fopen(path, "re");
+  if (!f) return {};
+  char name[32] = {};
+  const bool ok = std::fgets(name, sizeof name, f) != nullptr;
+  std::fclose(f);
+  if (!ok) return {};
+  name[std::strcspn(name, "\n")] = '\0';
+  return name;
+}
+
+// The threads of this process named as thread `owner`, itself aside: the threads it made (a new
+// thread carries its maker's name; libgomp names none of its own), its OpenMP workers.
+std::vector<pid_t> threads_named_like(pid_t owner) {
+  std::vector<pid_t> workers;
+  const std::string name = thread_name(owner);
+  DIR* dir = name.empty() ? nullptr : opendir("/proc/self/task");
+  if (!dir) return workers;
+  while (const dirent* e = readdir(dir)) {
+    const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (tid > 0 && tid != owner && thread_name(tid) == name) workers.push_back(tid);
+  }
+  closedir(dir);
+  // A thread made or ended during the listing may show a thread twice (procfs lists by position).
+  std::sort(workers.begin(), workers.end());
+  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+  return workers;
+}
+
+// /proc/self/task's link count: 2 + the process's thread count; 0 where it cannot be read.
+uint64_t task_links() {
+  struct stat task {};
+  return stat("/proc/self/task", &task) == 0 ? static_cast<uint64_t>(task.st_nlink) : 0;
+}
+
 // The calling thread's lowering of its workers: one thread-local, so each check below is one
 // lookup (set_intraop_threads runs it at every thread-count switch of a replayed block).
 struct LoweredWorkers {
-  int nice = 0;  // lower_openmp_workers's setting
-  int upto = 1;  // the pool's workers up to this count were lowered ...
-  int by = 0;    // ... by this much
+  int nice = 0;     // lower_openmp_workers's setting
+  int threads = 1;  // the largest intra-op count set since the pool was released: its size
+  int upto = 1;     // the pool's workers up to this count were lowered ...
+  int by = 0;       // ... by this much
+  uint64_t links = 0;  // /proc/self/task's link count when the workers were last looked for
 };
 thread_local LoweredWorkers t_lowered;
 
@@ -194,6 +234,16 @@ int nice_of(pid_t tid) {
   errno = 0;
   const int n = getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
   return errno ? 0 : n;
+}
+
+// Whether the calling thread has OpenMP workers now (threads_named_like), looked for again only
+// when the process's thread count changed since the last look that found none.
+bool workers_made(LoweredWorkers& l) {
+  const uint64_t links = task_links();
+  if (links != 0 && links == l.links) return false;
+  const bool made = !threads_named_like(thread_id()).empty();
+  l.links = made ? 0 : links;
+  return made;
 }
 
 void lower_workers(int threads, int by) {
@@ -218,18 +268,20 @@ void lower_workers(int threads, int by) {
 void lower_openmp_workers(int nice) {
   nice = std::clamp(nice, 0, 19);
   LoweredWorkers& l = t_lowered;
-  if (nice == l.nice) return;
-  if (nice < l.by) release_openmp_team();  // their priority cannot be raised back
-  l.nice = nice;
-  l.upto = 1;  // lowered again (or not) at the next region
+  if (nice != l.nice) {
+    if (nice < l.by) release_openmp_team();  // their priority cannot be raised back
+    l.nice = nice;
+    l.upto = 1;  // lowered again (or not) below
+  }
+  if (l.nice == 0 || l.threads <= l.upto || !workers_made(l)) return;
+  lower_workers(l.threads, l.nice);
+  l.upto = l.threads;
+  l.by = l.nice;
 }
 
 void ready_openmp_workers(int threads) {
   LoweredWorkers& l = t_lowered;
-  if (l.nice == 0 || threads <= l.upto) return;
-  lower_workers(threads, l.nice);
-  l.upto = threads;
-  l.by = l.nice;
+  if (threads > l.threads) l.threads = threads;
 }
 
 namespace {
@@ -275,20 +327,6 @@ void restore_intraop_threads(const IntraopThreads& previous) {
 
 namespace {
 
-// A thread's name (its /proc comm, without the newline); empty where it cannot be read.
-std::string thread_name(pid_t tid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/self/task/%d/comm", static_cast<int>(tid));
-  std::FILE* f = std::fopen(path, "re");
-  if (!f) return {};
-  char name[32] = {};
-  const bool ok = std::fgets(name, sizeof name, f) != nullptr;
-  std::fclose(f);
-  if (!ok) return {};
-  name[std::strcspn(name, "\n")] = '\0';
-  return name;
-}
-
 // The CPU clock of thread `tid` of this process: what pthread_getcpuclockid makes from a thread's
 // id (Linux's MAKE_THREAD_CPUCLOCK: the id inverted, per-thread, scheduler time).
 clockid_t thread_cpu_clock(pid_t tid) { return static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 4 | 2); }
@@ -298,19 +336,7 @@ clockid_t thread_cpu_clock(pid_t tid) { return static_cast<clockid_t>((~static_c
 void WorkerCpuClock::list(pid_t owner) {
   owner_ = owner;
   clocks_.clear();
-  const std::string name = thread_name(owner);
-  DIR* dir = name.empty() ? nullptr : opendir("/proc/self/task");
-  if (!dir) return;
-  std::vector<pid_t> workers;
-  while (const dirent* e = readdir(dir)) {
-    const pid_t tid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (tid > 0 && tid != owner && thread_name(tid) == name) workers.push_back(tid);
-  }
-  closedir(dir);
-  // A thread made or ended during the listing may show a thread twice (procfs lists by position).
-  std::sort(workers.begin(), workers.end());
-  workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
-  for (const pid_t tid : workers) clocks_.push_back(thread_cpu_clock(tid));
+  for (const pid_t tid : threads_named_like(owner)) clocks_.push_back(thread_cpu_clock(tid));
 }
 
 double WorkerCpuClock::seconds(pid_t owner, bool& changed) {
@@ -338,6 +364,7 @@ void release_openmp_team() {
   if (pause) pause(kPauseSoft);
   t_lowered.upto = 1;  // the workers are gone
   t_lowered.by = 0;
+  t_lowered.links = 0;  // new ones are looked for afresh
 }
 
 }  // namespace terra::runtime

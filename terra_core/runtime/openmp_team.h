@@ -125,14 +125,26 @@ constexpr int64_t kWorkerSpinNs = 8'000'000;
 // when most kernels are spread). Only the time each thread gets changes: no kernel runs with
 // another thread count.
 //
-// Takes effect for the calling thread's pool of workers at the next set_intraop_threads (or
-// ready_openmp_workers) with more than one thread; a released pool's new workers are lowered
-// again then. Raising a worker's priority back needs a privilege, so lowering less than before
-// releases the pool instead (its next region makes new workers). The program thread's own pool is
-// never lowered: only the GraphRunner calls this.
+// Lowers workers the pool already has, at this call (each iteration's start on the GraphRunner):
+// threads of the process named as the calling thread (a thread it made carries its name; libgomp
+// names none of its own), listed again only when the process's thread count changed since the
+// last look (a stat of /proc/self/task otherwise). Workers a later parallel region makes run at
+// the thread's priority until the next call. Lowering never makes a pool: an empty region made
+// one for it before, at the GraphRunner's first switch to the program's thread count, and a
+// GraphRunner whose kernels all ran with one thread (small ops, blocks checked to give the same
+// bits so) then held a worker it never used. Worse, every session paid for it: the session's end
+// releases the GraphRunner's pool (the team goes back to the program), the next session's first
+// co-executed iteration made a new one, and the new worker, woken on the core where the
+// GraphRunner spun at the region's barrier, waited 3-7 ms for it (perf sched: the other core
+// idle meanwhile). tabular_mlp, 5-step `terra.run` calls in one process: 3.8-12 ms per call
+// against 1.7 eager, 1.2-1.3 ms with the workers never lowered (bench/results/short_calls.md).
+//
+// Raising a worker's priority back needs a privilege, so lowering less than before releases the
+// pool instead (its next region makes new workers). The program thread's own pool is never
+// lowered: only the GraphRunner calls this.
 void lower_openmp_workers(int nice);
-// Lowers the calling thread's workers for a region of `threads` threads now, if they may be new
-// (the pool was released or grows); a thread-local compare otherwise.
+// The calling thread's next parallel regions may have `threads` threads: workers up to that count
+// are lowered at the next lower_openmp_workers once they exist. A thread-local compare.
 void ready_openmp_workers(int threads);
 
 // A parallel region of the GraphRunner's is open: the program thread gives its core up for it.

@@ -247,15 +247,78 @@ def test_the_graphrunners_workers_run_below_it_and_the_programs_do_not(tmp_path,
     r = worker_nices(tmp_path, nice)
     base = r["base"]
     # The GraphRunner (its first thread named terra-graph) keeps the program's priority; its
-    # workers, named after it, run `nice` below it once a step has run a parallel region.
+    # workers, named after it, are made by the first step that runs a parallel region (at its
+    # priority: lowering makes no pool of its own) and run `nice` below it from the next step on.
     with_workers = [dict(s) for s in r["seen"] if len(s) >= 2]
-    assert with_workers, r["seen"]
+    assert len(with_workers) >= 2, r["seen"]
     for threads in with_workers:
+        assert threads[min(threads)] == base, r["seen"]
+    for threads in with_workers[1:]:
         runner = min(threads)
-        assert threads[runner] == base, r["seen"]
         assert all(n == min(19, base + nice) for t, n in threads.items() if t != runner), r["seen"]
     # The program thread's own workers, before and after the session, run as it does.
     assert all(n == base for _, n in r["program"] + r["program_after"]), r
+
+
+# A GraphRunner whose kernels never run a parallel region holds no OpenMP workers: lowering their
+# priority makes no pool (openmp_team.h lower_openmp_workers). It made one at each session's first
+# co-executed iteration, and its new worker stalled that iteration for milliseconds: short
+# `terra.run` calls of a small MLP cost 2-7x eager's time (bench/results/short_calls.md).
+SMALL_CALLS = textwrap.dedent("""
+    import json, os, torch, terra
+    torch.set_num_threads(2)
+    terra.config(worker_nice=10)
+
+    def named(name):
+        out = []
+        for t in os.listdir("/proc/self/task"):
+            stat = open(f"/proc/self/task/{t}/stat").read()
+            if stat[stat.index("(") + 1:stat.rindex(")")] == name:
+                out.append(int(t))
+        return out
+
+    def train(model, opt, x, y, steps, seen):
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            seen.append(len(named("terra-graph")))
+        return loss.item()
+
+    def run(mode):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(24, 128), torch.nn.ReLU(), torch.nn.Linear(128, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x, y = torch.randn(64, 24), torch.randint(0, 3, (64,))
+        seen, losses = [], []
+        for _ in range(6):  # short calls, each its own session
+            if mode == "eager":
+                losses.append(train(model, opt, x, y, 5, seen))
+            else:
+                losses.append(terra.run(train, model, opt, x, y, 5, seen))
+        return losses, [p.detach().clone() for p in model.parameters()], seen
+
+    eager, eager_params, _ = run("eager")
+    losses, params, seen = run("terra")
+    print(json.dumps({"same": losses == eager and all(torch.equal(a, b) for a, b in zip(params, eager_params)),
+                      "seen": seen, "stats": terra.stats("train")}))
+""")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
+def test_a_graphrunner_whose_kernels_run_no_parallel_region_makes_no_workers(tmp_path):
+    script = tmp_path / "small_calls.py"
+    script.write_text(SMALL_CALLS)
+    env = dict(os.environ, TERRA_ADAPTIVE="0")  # co-executed throughout, whatever is faster
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                         env=env)
+    import json
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["same"], "co-executed losses or parameters differ from eager execution"
+    assert r["stats"]["iterations_coexecuted"] >= 12, r["stats"]
+    # The GraphRunner's thread alone, never a worker named after it.
+    assert r["seen"] and max(r["seen"]) == 1, r["seen"]
 
 
 def test_worker_nice_is_in_the_policy_and_checked():

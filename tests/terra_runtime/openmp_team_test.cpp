@@ -2,6 +2,7 @@
 #include "openmp_team.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -73,19 +74,27 @@ std::array<int, 2> region_nices() {
 
 TEST(OpenMPTeam, LoweredWorkersRunBelowTheirThreadAndNoOtherThreadsDo) {
   const int base = own_nice();
-  std::array<int, 2> lowered{}, released{}, less{}, off{}, other{};
+  std::array<int, 2> made{}, lowered{}, released{}, less{}, off{}, other{};
+  size_t before = 0, unmade = 0;
   std::thread graph_runner([&] {
+    pthread_setname_np(pthread_self(), "lowering-test");
+    before = threads();
     lower_openmp_workers(6);
     set_intraop_threads(2);
+    lower_openmp_workers(6);  // an iteration's start with no parallel region run yet
+    unmade = threads();       // lowering made no pool
+    made = region_nices();    // the region makes the worker, at the thread's priority
+    lower_openmp_workers(6);  // the next iteration's start lowers it
     lowered = region_nices();
-    release_openmp_team();       // its worker exits; the same count's next region makes a new one
-    ready_openmp_workers(2);
+    release_openmp_team();    // its worker exits; the same count's next region makes a new one
     released = region_nices();
-    lower_openmp_workers(2);     // less: a worker's priority cannot be raised back, so a new pool
-    set_intraop_threads(2);
+    lower_openmp_workers(6);
+    released = region_nices();
+    lower_openmp_workers(2);  // less: a worker's priority cannot be raised back, so a new pool
+    less = region_nices();
+    lower_openmp_workers(2);
     less = region_nices();
     lower_openmp_workers(0);
-    set_intraop_threads(2);
     off = region_nices();
   });
   graph_runner.join();
@@ -94,6 +103,8 @@ TEST(OpenMPTeam, LoweredWorkersRunBelowTheirThreadAndNoOtherThreadsDo) {
     other = region_nices();
   });
   program.join();
+  EXPECT_EQ(unmade, before);
+  EXPECT_EQ(made, (std::array<int, 2>{base, base}));
   EXPECT_EQ(lowered, (std::array<int, 2>{base, std::min(19, base + 6)}));
   EXPECT_EQ(released, (std::array<int, 2>{base, std::min(19, base + 6)}));
   EXPECT_EQ(less, (std::array<int, 2>{base, std::min(19, base + 2)}));
