@@ -1488,10 +1488,11 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
 }
 
 bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone, bool* tried) {
-  if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || (alone && k.spread) || k.args.size() > 3)
+  constexpr size_t kMaxArgs = 4;  // addcmul's: self, tensor1, tensor2, value
+  if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || (alone && k.spread) || k.args.size() > kMaxArgs)
     return false;
-  const c10::IValue* args[3];
-  c10::IValue owned[3];  // a list element or a leaf's gradient, which have no place to be read in
+  const c10::IValue* args[kMaxArgs];
+  c10::IValue owned[kMaxArgs];  // a list element or a leaf's gradient, which have no place to be read in
   for (size_t i = 0; i < k.args.size(); ++i) {
     const Ref& r = k.args[i];
     if (r.kind == Ref::Kind::Const) {

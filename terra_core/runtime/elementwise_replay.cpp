@@ -11,6 +11,9 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/BinaryOps.h>
+#include <ATen/native/Lerp.h>
+#include <ATen/native/PointwiseOps.h>
+#include <ATen/native/UnaryOps.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
@@ -29,25 +32,60 @@ ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op, 
     return v && std::string(v) == "0";
   }();
   if (off) return Op::None;
+  struct Covered {
+    std::string_view name, overload;
+    Op op;
+  };
+  static constexpr Covered kCovered[] = {
+      {"aten::add", "Tensor", Op::Add},  {"aten::sub", "Tensor", Op::Sub},        {"aten::mul", "Tensor", Op::Mul},
+      {"aten::div", "Tensor", Op::Div},  {"aten::lerp", "Scalar", Op::Lerp},      {"aten::addcmul", "", Op::Addcmul},
+      {"aten::addcdiv", "", Op::Addcdiv}, {"aten::sqrt", "", Op::Sqrt},
+  };
   const c10::OperatorName& name = op.operator_name();
-  if (name.overload_name != "Tensor") return Op::None;
-  std::string base = name.name;
+  std::string_view base = name.name;
   const bool writes = !base.empty() && base.back() == '_';
-  if (writes) base.pop_back();
-  if (in_place) *in_place = writes;
-  if (base == "aten::add") return Op::Add;
-  if (base == "aten::sub") return Op::Sub;
-  if (base == "aten::mul") return Op::Mul;
-  if (base == "aten::div") return Op::Div;
+  if (writes) base.remove_suffix(1);
+  for (const Covered& c : kCovered) {
+    if (c.name == base && c.overload == name.overload_name) {
+      if (in_place) *in_place = writes;
+      return c.op;
+    }
+  }
   return Op::None;
 }
 
-bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const {
-  for (const at::Tensor* t : {&a, &b}) {
-    if (!t->defined() || t->layout() != c10::kStrided || !t->device().is_cpu() || t->is_conj() ||
-        t->is_neg() || !t->has_storage() || t->is_quantized())
-      return false;
+int ElementwiseReplay::inputs() const {
+  switch (op_) {
+    case Op::Sqrt: return 1;
+    case Op::Addcmul:
+    case Op::Addcdiv: return 3;
+    default: return 2;
   }
+}
+
+int ElementwiseReplay::number_arg() const {
+  switch (op_) {
+    case Op::Add:
+    case Op::Sub:
+    case Op::Lerp: return 2;
+    case Op::Addcmul:
+    case Op::Addcdiv: return 3;
+    default: return -1;
+  }
+}
+
+namespace {
+
+// What every operand must be: a plain strided CPU tensor with storage.
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.layout() == c10::kStrided && t.device().is_cpu() && !t.is_conj() && !t.is_neg() &&
+         t.has_storage() && !t.is_quantized();
+}
+
+}  // namespace
+
+bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const {
+  if (!plain(a) || !plain(b)) return false;
   // No promotion (the iterator would hold converted copies), except of a Python number: a wrapped
   // 0-dim double or long, whose converted copy each run writes again (write_converted).
   if (a.scalar_type() != b.scalar_type() &&
@@ -65,10 +103,20 @@ bool ElementwiseReplay::eligible(const at::Tensor& a, const at::Tensor& b) const
   }
 }
 
-bool ElementwiseReplay::eligible_as_built(const at::Tensor& a, const at::Tensor& b) const {
-  const c10::TensorImpl* ia = a.unsafeGetTensorImpl();
-  const c10::TensorImpl* ib = b.unsafeGetTensorImpl();
-  return ia->key_set() == keys_a_ && ib->key_set() == keys_b_ && ia->unsafe_storage() && ib->unsafe_storage();
+bool ElementwiseReplay::eligible_more(c10::ArrayRef<const at::Tensor*> in) const {
+  const c10::ScalarType dtype = in[0]->scalar_type();
+  if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::Double) return false;
+  for (const at::Tensor* t : in)
+    if (!plain(*t) || t->scalar_type() != dtype || t->unsafeGetTensorImpl()->is_wrapped_number()) return false;
+  return true;
+}
+
+bool ElementwiseReplay::eligible_as_built(c10::ArrayRef<const at::Tensor*> in) const {
+  for (size_t i = 0; i < in.size(); ++i) {
+    const c10::TensorImpl* t = in[i]->unsafeGetTensorImpl();
+    if (t->key_set() != keys_[i] || !t->unsafe_storage()) return false;
+  }
+  return true;
 }
 
 bool ElementwiseReplay::check_alpha(const c10::IValue& v, c10::ScalarType dtype) {
@@ -95,31 +143,62 @@ bool ElementwiseReplay::check_alpha(const c10::IValue& v, c10::ScalarType dtype)
   return true;
 }
 
-void ElementwiseReplay::build(const at::Tensor& a, const at::Tensor& b) {
+void ElementwiseReplay::build(c10::ArrayRef<const at::Tensor*> in) {
   const auto stand_in = [](const at::Tensor& t) {
     return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
   };
-  const at::Tensor sa = stand_in(a), sb = stand_in(b);
+  const at::Tensor& a = *in[0];
+  at::Tensor s[3];
+  for (size_t i = 0; i < in.size(); ++i) s[i] = stand_in(*in[i]);
   // Undefined: the iterator allocates it as the structured kernel does; in place: the first
   // argument, as the in-place kernel's meta function passes it.
-  at::TensorBase out = in_place_ ? at::TensorBase(sa) : at::TensorBase();
-  auto iter = std::make_unique<at::TensorIterator>(op_ == Op::Div ? at::TensorIterator::binary_float_op(out, sa, sb)
-                                                                  : at::TensorIterator::binary_op(out, sa, sb));
+  at::TensorBase out = in_place_ ? at::TensorBase(s[0]) : at::TensorBase();
+  std::unique_ptr<at::TensorIterator> iter;
+  switch (op_) {
+    case Op::Div: iter = std::make_unique<at::TensorIterator>(at::TensorIterator::binary_float_op(out, s[0], s[1])); break;
+    case Op::Sqrt: iter = std::make_unique<at::TensorIterator>(at::TensorIterator::unary_float_op(out, s[0])); break;
+    case Op::Lerp:  // lerp_Scalar's meta function
+      iter = std::make_unique<at::TensorIterator>(at::TensorIteratorConfig()
+                                                      .allow_cpu_scalars(true)
+                                                      .add_owned_output(out)
+                                                      .add_owned_const_input(s[0])
+                                                      .add_owned_const_input(s[1])
+                                                      .build());
+      break;
+    case Op::Addcmul:
+    case Op::Addcdiv:  // their meta functions' ternary op
+      iter = std::make_unique<at::TensorIterator>(at::TensorIteratorConfig()
+                                                      .allow_cpu_scalars(true)
+                                                      .promote_inputs_to_common_dtype(true)
+                                                      .cast_common_dtype_to_outputs(true)
+                                                      .enforce_safe_casting_to_output(true)
+                                                      .add_owned_output(out)
+                                                      .add_owned_const_input(s[0])
+                                                      .add_owned_const_input(s[1])
+                                                      .add_owned_const_input(s[2])
+                                                      .build());
+      break;
+    default: iter = std::make_unique<at::TensorIterator>(at::TensorIterator::binary_op(out, s[0], s[1]));
+  }
+  const int n = static_cast<int>(in.size());
   const at::TensorBase& o = iter->output_base(0);
-  if (iter->ntensors() != 3 || o.scalar_type() != a.scalar_type() || o.storage_offset() != 0) return;
-  if (!iter->input_base(0).is_same(sa)) return;  // the first input converted: not covered
-  const at::TensorBase& converted = iter->input_base(1);
-  if (b.scalar_type() != a.scalar_type()) {
-    if (converted.is_same(sb) || converted.scalar_type() != a.scalar_type() || converted.dim() != 0) return;
+  if (iter->ntensors() != n + 1 || o.scalar_type() != a.scalar_type() || o.storage_offset() != 0) return;
+  // An input converted into a copy of the iterator's own: not covered (but a Python number's).
+  for (int i = 0; i < n; ++i) {
+    const at::TensorBase& input = iter->input_base(i);
+    if (input.is_same(s[i])) continue;
+    const at::Tensor& b = *in[i];
+    if (i != 1 || b.scalar_type() == a.scalar_type() || input.scalar_type() != a.scalar_type() || input.dim() != 0)
+      return;
     number_from_ = b.scalar_type();
   }
   if (!in_place_) point(o.unsafeGetTensorImpl(), nullptr);  // its memory goes back now: each run points it at that run's result
   operand_[0] = o.unsafeGetTensorImpl();
-  operand_[1] = iter->input_base(0).unsafeGetTensorImpl();
-  operand_[2] = converted.unsafeGetTensorImpl();
+  for (int i = 0; i < n; ++i) {
+    operand_[i + 1] = iter->input_base(i).unsafeGetTensorImpl();
+    keys_[i] = in[i]->unsafeGetTensorImpl()->key_set();
+  }
   dtype_ = a.scalar_type();
-  keys_a_ = a.unsafeGetTensorImpl()->key_set();
-  keys_b_ = b.unsafeGetTensorImpl()->key_set();
   iter_ = std::move(iter);
 }
 
@@ -156,6 +235,10 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
     case Op::Sub: at::native::add_stub(c10::kCPU, *iter_, -alpha); break;
     case Op::Mul: at::native::mul_stub(c10::kCPU, *iter_); break;
     case Op::Div: at::native::div_true_stub(c10::kCPU, *iter_); break;
+    case Op::Lerp: at::native::lerp_kernel_scalar_weight(c10::kCPU, *iter_, alpha); break;
+    case Op::Addcmul: at::native::addcmul_stub(c10::kCPU, *iter_, alpha); break;
+    case Op::Addcdiv: at::native::addcdiv_stub(c10::kCPU, *iter_, alpha); break;
+    case Op::Sqrt: at::native::sqrt_stub(c10::kCPU, *iter_); break;
     case Op::None: break;
   }
 #endif
@@ -180,8 +263,8 @@ bool ElementwiseReplay::kept_free(const c10::TensorImpl* like) const {
 }
 
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
-  const c10::IValue* args[3];
-  if (stack.size() > 3) return false;
+  const c10::IValue* args[kMaxOperands];
+  if (stack.size() > kMaxOperands) return false;
   for (size_t i = 0; i < stack.size(); ++i) args[i] = &stack[i];
   at::Tensor result;
   if (!run(c10::ArrayRef<const c10::IValue*>(args, stack.size()), &result)) return false;
@@ -191,14 +274,21 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
 }
 
 bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* out) {
-  const size_t nargs = (op_ == Op::Add || op_ == Op::Sub) ? 3 : 2;
-  if (given_up_ || args.size() != nargs || !args[0]->isTensor() || !args[1]->isTensor()) return false;
-  const at::Tensor& a = args[0]->toTensor();
-  const at::Tensor& b = args[1]->toTensor();
-  if (!(iter_ && eligible_as_built(a, b)) && !eligible(a, b)) return false;
-  if (nargs == 3 && !check_alpha(*args[2], a.scalar_type())) return false;
+  const int n = inputs(), number_at = number_arg();
+  if (given_up_ || args.size() != static_cast<size_t>(n + (number_at >= 0 ? 1 : 0))) return false;
+  const at::Tensor* in[3];
+  for (int i = 0; i < n; ++i) {
+    if (!args[i]->isTensor()) return false;
+    in[i] = &args[i]->toTensor();
+  }
+  const c10::ArrayRef<const at::Tensor*> tensors(in, static_cast<size_t>(n));
+  const at::Tensor& a = *in[0];
+  const bool arithmetic = op_ == Op::Add || op_ == Op::Sub || op_ == Op::Mul || op_ == Op::Div;
+  if (!(iter_ && eligible_as_built(tensors)) && !(arithmetic ? eligible(a, *in[1]) : eligible_more(tensors)))
+    return false;
+  if (number_at >= 0 && !check_alpha(*args[static_cast<size_t>(number_at)], a.scalar_type())) return false;
   if (!iter_) {
-    build(a, b);
+    build(tensors);
     if (!iter_) {
       given_up_ = true;
       return false;
@@ -206,22 +296,23 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
   }
   // The iterator's operands keep the geometry and dtype it was built for (its stand-ins; for a
   // Python number, its converted copy).
-  const c10::TensorImpl* a_was = operand_[1];
-  const c10::TensorImpl* b_was = operand_[2];
   const auto same_geometry = [](const at::Tensor& t, const c10::TensorImpl* was) {
     return same_ints(t.sizes(), was->sizes()) && same_ints(t.strides(), was->strides());
   };
   const c10::ScalarType dtype = dtype_;
-  if (a.scalar_type() != dtype || !same_geometry(a, a_was) || !same_geometry(b, b_was)) return false;
   const bool number = number_from_ != c10::ScalarType::Undefined;
-  if (number ? b.scalar_type() != number_from_ || !b.unsafeGetTensorImpl()->is_wrapped_number()
-             : b.scalar_type() != dtype)
-    return false;
-  // In place, an argument overlapping the written one other than exactly is the dispatcher's
-  // error (or its copy of the argument, where it makes one).
-  if (in_place_ && b.storage().is_alias_of(a.storage()) &&
-      !(b.data_ptr() == a.data_ptr() && same_ints(b.sizes(), a.sizes()) && same_ints(b.strides(), a.strides())))
-    return false;
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor& t = *in[i];
+    if (!same_geometry(t, operand_[i + 1])) return false;
+    if ((i == 1 && number) ? t.scalar_type() != number_from_ || !t.unsafeGetTensorImpl()->is_wrapped_number()
+                         : t.scalar_type() != dtype)
+      return false;
+    // In place, an argument overlapping the written one other than exactly is the dispatcher's
+    // error (or its copy of the argument, where it makes one).
+    if (in_place_ && i > 0 && t.storage().is_alias_of(a.storage()) &&
+        !(t.data_ptr() == a.data_ptr() && same_ints(t.sizes(), a.sizes()) && same_ints(t.strides(), a.strides())))
+      return false;
+  }
   const c10::TensorImpl* out_was = operand_[0];
   at::Tensor result;
   if (in_place_) {
@@ -233,14 +324,16 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
     result = at::Tensor(at::detail::empty_strided_cpu(out_was->sizes(), out_was->strides(), dtype));
     if (result.nbytes() <= kKeptBytes) kept_ = result;
   }
-  void* data[3] = {result.data_ptr(), a.data_ptr(), b.data_ptr()};
-  for (int i = 0; i < (number ? 2 : 3); ++i) {
+  void* data[kMaxOperands] = {result.data_ptr()};
+  for (int i = 0; i < n; ++i) data[i + 1] = in[i]->data_ptr();
+  const int pointed = number ? n : n + 1;  // a Python number's operand is the iterator's own copy
+  for (int i = 0; i < pointed; ++i) {
     point(operand_[i], data[i]);
     iter_->unsafe_replace_operand(i, data[i]);
   }
-  if (number) write_converted(b, operand_[2]);  // the iterator's own copy, in place
-  call_stub(nargs == 3 ? alpha_ : c10::Scalar(1));
-  if (iter_->ntensors() != 3) {  // a stub folded an operand into a constant: the result stands
+  if (number) write_converted(*in[1], operand_[2]);  // the iterator's own copy, in place
+  call_stub(number_at >= 0 ? alpha_ : c10::Scalar(1));
+  if (iter_->ntensors() != n + 1) {  // a stub folded an operand into a constant: the result stands
     iter_.reset();
     given_up_ = true;
   }

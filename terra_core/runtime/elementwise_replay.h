@@ -17,7 +17,13 @@
 // and none of the stubs' special cases for reduced-precision
 // scalars (which read an input's value while the iterator is built, or remove an operand). Any
 // other call, or inputs whose geometry differs from the iterator's, take the dispatcher as before.
-//
+// And the rest of what Adam's and AdamW's single-tensor step (the CPU default) runs per parameter:
+// `lerp.Scalar`, `addcmul`, `addcdiv` (out of place or in place) and `sqrt`, on float or double
+// tensors of one dtype (no Python number among the tensors): with every operand of one dtype the
+// meta function's promotion and casting flags change nothing, so the iterator built here comes
+// out as the operator's own (its shape, strides, order and coalescing do not depend on those
+// flags). Adam's step is 9 kernels per parameter, 4 of them these: an MLP step with Adam
+// (bench/replay.py) ran 24 of its ~30 uncovered TensorIterator kernels through the dispatcher.
 // The iterator's operands are stand-ins that own no memory: its inputs view the first replay's
 // inputs through non-owning storage, and the output it allocated gives its memory back at once;
 // each replay re-points them (the stand-ins' storage too, so anything reading an operand's tensor
@@ -35,7 +41,7 @@ namespace terra::runtime {
 
 class ElementwiseReplay {
  public:
-  enum class Op : uint8_t { None, Add, Sub, Mul, Div };
+  enum class Op : uint8_t { None, Add, Sub, Mul, Div, Lerp, Addcmul, Addcdiv, Sqrt };
   // The covered operator `op` is (None: not covered); `in_place`: its in-place form (`add_`...).
   static Op covered(const c10::OperatorHandle& op, bool* in_place = nullptr);
   explicit ElementwiseReplay(Op op, bool in_place = false) : op_(op), in_place_(in_place) {}
@@ -49,14 +55,21 @@ class ElementwiseReplay {
 
  private:
   bool eligible(const at::Tensor& a, const at::Tensor& b) const;
-  // The eligibility of a pair whose dispatch keys are the built pair's: everything eligible()
-  // asks but the dtypes is in the keys (layout, device, conjugate and negative bits, quantized),
-  // so one compare each, and their storage.
-  bool eligible_as_built(const at::Tensor& a, const at::Tensor& b) const;
-  // Checks the call's alpha as the meta function's alpha_check would (false: refused) and keeps
-  // it in alpha_; a call with the last one's number is not checked again.
+  // The eligibility of inputs whose dispatch keys are the built ones': everything eligible() asks
+  // but the dtypes is in the keys (layout, device, conjugate and negative bits, quantized), so one
+  // compare each, and their storage.
+  bool eligible_as_built(c10::ArrayRef<const at::Tensor*> in) const;
+  // The tensors the operator reads (1 to 3) and where its Python number is (-1: none): add's and
+  // sub's alpha, lerp's weight, addcmul's and addcdiv's value.
+  int inputs() const;
+  int number_arg() const;
+  // Checks the call's number as the meta function would (add's alpha_check; for the others a real
+  // number) and keeps it in alpha_ (false: refused); a call with the last one's is not checked again.
   bool check_alpha(const c10::IValue& v, c10::ScalarType dtype);
-  void build(const at::Tensor& a, const at::Tensor& b);
+  // The other inputs of lerp, addcmul, addcdiv and sqrt: a tensor of the first's dtype (and
+  // geometry kinds eligible() accepts), float or double.
+  bool eligible_more(c10::ArrayRef<const at::Tensor*> in) const;
+  void build(c10::ArrayRef<const at::Tensor*> in);
   void call_stub(const c10::Scalar& alpha);
   static void point(c10::TensorImpl* stand_in, void* data);
   static void write_converted(const at::Tensor& number, c10::TensorImpl* to);
@@ -68,9 +81,10 @@ class ElementwiseReplay {
   // iterator converts to the first's into a copy of its own; Undefined: a tensor of the first's.
   c10::ScalarType number_from_ = c10::ScalarType::Undefined;
   std::unique_ptr<at::TensorIterator> iter_;
-  // The iterator's operands (output, first input, second input), which live as long as it.
-  c10::TensorImpl* operand_[3] = {};
-  c10::DispatchKeySet keys_a_, keys_b_;  // the built pair's (eligible_as_built)
+  // The iterator's operands (output, then the inputs), which live as long as it.
+  static constexpr int kMaxOperands = 4;
+  c10::TensorImpl* operand_[kMaxOperands] = {};
+  c10::DispatchKeySet keys_[kMaxOperands - 1];  // the built inputs' (eligible_as_built)
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;  // its operands' (the first input's)
   // The last alpha that passed the check, and what it was: an int (long_alpha_), a double
   // (double_alpha_), or None (none yet, or another kind of number, checked at every call).

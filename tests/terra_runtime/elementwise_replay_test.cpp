@@ -255,5 +255,83 @@ TEST(ElementwiseReplay, WritesIntoTheKeptResultOnlyWhenNothingHoldsIt) {
   EXPECT_TRUE(at::equal(view.view({3, 5}), expected));
 }
 
+// Adam's and AdamW's other per-parameter kernels: lerp_ (the first moment), addcmul_ (the second),
+// sqrt, addcdiv_ (the update), and their out-of-place forms. Each run gets new data of the recorded
+// geometry (transposed, broadcast, a strided slice) and a new number, and gives the dispatcher's
+// bits, layout and returned tensor.
+TEST(ElementwiseReplay, AdamsOtherKernelsGiveTheDispatchersBits) {
+  struct Case {
+    const char* name;
+    const char* overload;
+    int tensors;    // inputs
+    bool number;    // a Python number last (lerp's weight, addcmul's and addcdiv's value)
+  };
+  for (const Case& c : {Case{"aten::lerp", "Scalar", 2, true}, Case{"aten::lerp_", "Scalar", 2, true},
+                        Case{"aten::addcmul", "", 3, true}, Case{"aten::addcmul_", "", 3, true},
+                        Case{"aten::addcdiv", "", 3, true}, Case{"aten::addcdiv_", "", 3, true},
+                        Case{"aten::sqrt", "", 1, false}, Case{"aten::sqrt_", "", 1, false}}) {
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      const auto& op = handle(c.name, c.overload);
+      bool in_place = false;
+      const ElementwiseReplay::Op kind = ElementwiseReplay::covered(op, &in_place);
+      ASSERT_NE(ElementwiseReplay::Op::None, kind) << c.name;
+      EXPECT_EQ(in_place, std::string(c.name).back() == '_') << c.name;
+      ElementwiseReplay replay(kind, in_place);
+      at::manual_seed(5);
+      for (int run = 0; run < 4; ++run) {
+        // sqrt of positive numbers (a NaN would compare unequal to itself in at::equal).
+        auto make = [&](std::vector<int64_t> sizes) { return at::rand(sizes, at::kDouble).add(0.1).mul(3).to(dtype); };
+        const std::vector<at::Tensor> inputs{make({21, 13}).t(), make({21}).unsqueeze(1).t(), make({1, 21})};
+        const at::Tensor expected_self = inputs[0].clone();
+        const double number = 0.1 * run + 1.0 / 7;
+        auto stack_of = [&](const at::Tensor& self) {
+          torch::jit::Stack s{self};
+          for (int i = 1; i < c.tensors; ++i) s.emplace_back(inputs[static_cast<size_t>(i)]);
+          if (c.number) s.emplace_back(c10::Scalar(number));
+          return s;
+        };
+        torch::jit::Stack stack = stack_of(inputs[0]);
+        ASSERT_TRUE(replay.run(stack)) << c.name << " run " << run;
+        ASSERT_EQ(1u, stack.size());
+        const at::Tensor want = dispatched(op, stack_of(expected_self));
+        expect_same(stack[0].toTensor(), want);
+        if (in_place) {
+          EXPECT_TRUE(stack[0].toTensor().is_same(inputs[0])) << "returns its first argument";
+          expect_same(inputs[0], expected_self);
+        }
+        const at::Tensor strided = make({26, 42}).slice(1, 0, 42, 2);  // another geometry
+        torch::jit::Stack other{strided};
+        for (int i = 1; i < c.tensors; ++i) other.emplace_back(make({26, 21}));
+        if (c.number) other.emplace_back(c10::Scalar(number));
+        const size_t size = other.size();
+        EXPECT_FALSE(replay.run(other)) << c.name << ": another geometry must take the dispatcher";
+        EXPECT_EQ(size, other.size()) << "and leave its stack as it was";
+      }
+      EXPECT_EQ(4u, replay.runs()) << c.name;
+    }
+  }
+}
+
+// The new operators take no promotion at all: integer tensors, mixed dtypes and a Python number
+// among the tensors are the dispatcher's; so is a complex value.
+TEST(ElementwiseReplay, AdamsOtherKernelsRefuseEveryPromotion) {
+  ElementwiseReplay addcmul(ElementwiseReplay::covered(handle("aten::addcmul", "")));
+  torch::jit::Stack longs{at::ones({4}, at::kLong), at::ones({4}, at::kLong), at::ones({4}, at::kLong), c10::Scalar(int64_t{2})};
+  EXPECT_FALSE(addcmul.run(longs));
+  torch::jit::Stack mixed{at::ones({4}), at::ones({4}, at::kDouble), at::ones({4}), c10::Scalar(2.0)};
+  EXPECT_FALSE(addcmul.run(mixed));
+  torch::jit::Stack wrapped{at::ones({4}), python_number(2.0, at::kDouble), at::ones({4}), c10::Scalar(2.0)};
+  EXPECT_FALSE(addcmul.run(wrapped));
+  torch::jit::Stack complex{at::ones({4}), at::ones({4}), at::ones({4}), c10::Scalar(c10::complex<double>(1.0, 2.0))};
+  EXPECT_FALSE(addcmul.run(complex));
+  ElementwiseReplay sqrt(ElementwiseReplay::covered(handle("aten::sqrt", "")));
+  torch::jit::Stack ints{at::ones({4}, at::kInt)};  // sqrt of integers makes floats: a promotion
+  EXPECT_FALSE(sqrt.run(ints));
+  EXPECT_EQ(0u, addcmul.runs());
+  EXPECT_EQ(0u, sqrt.runs());
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::lerp", "Tensor")));
+  EXPECT_EQ(ElementwiseReplay::Op::None, ElementwiseReplay::covered(handle("aten::addcmul", "out")));
+}
+
 }  // namespace
 }  // namespace terra::runtime
