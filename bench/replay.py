@@ -5,6 +5,10 @@ what each route costs, not which one the check would choose.
 
     .venv/bin/python bench/replay.py                 # writes bench/results/replay.{json,md}
     .venv/bin/python bench/replay.py --rounds 2 --steps 600
+    .venv/bin/python bench/replay.py --variant PYTHONPATH=/tmp/base/build/python   # + another build
+
+`--variant VAR=VALUE` runs the replay mode a second time per round with that environment variable
+(another build through PYTHONPATH), interleaved in the same rounds, and adds its columns.
 
 The program: an MLP (6 -> W -> W -> 1, tanh/relu) on a batch of 32, MSE loss, Adam, for W in 16
 and 128, with 2 intra-op threads (the machine's cores) and with 1. Reported: the median over
@@ -17,6 +21,7 @@ checked bitwise against eager's in every Terra child.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +37,7 @@ mode, width, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), i
 sys.path.insert(0, sys.argv[5])
 from per_op import other_threads_cpu_ns  # CPU time of every other thread (GraphRunner, OpenMP workers)
 torch.set_num_threads(threads)
-terra.config(adaptive=False, replay=(mode == "replay"))
+terra.config(adaptive=False, replay=(mode in ("replay", "variant")))
 
 def train(steps, marks):
     torch.manual_seed(0)
@@ -68,14 +73,18 @@ print(json.dumps(out))
 MODES = ("eager", "replay", "autograd")
 
 
-def child(mode, width, threads, steps):
+def child(mode, width, threads, steps, variant=None):
     # From a file, not `-c`: terra.run marks loop iterations from the function's source.
+    env = dict(os.environ)
+    if mode == "variant":
+        key, _, value = variant.partition("=")
+        env[key] = value
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "replay_child.py"
         script.write_text(CHILD)
         r = subprocess.run([sys.executable, str(script), mode, str(width), str(threads), str(steps),
                             str(Path(__file__).resolve().parent)],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{mode} child failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -85,20 +94,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--variant", help="VAR=VALUE: the replay mode again with this environment variable")
     args = ap.parse_args()
+    modes = MODES + (("variant",) if args.variant else ())
     rows = []
     for threads in (2, 1):
         for width in (16, 128):
-            runs = {m: [] for m in MODES}
+            runs = {m: [] for m in modes}
             for _ in range(args.rounds):
-                for m in MODES:  # interleaved: eager, replay, autograd, eager, ...
-                    runs[m].append(child(m, width, threads, args.steps))
+                for m in modes:  # interleaved: eager, replay, autograd, eager, ...
+                    runs[m].append(child(m, width, threads, args.steps, args.variant))
             eager_us = statistics.median(r["step_us"] for r in runs["eager"])
             row = {"threads": threads, "width": width, "eager_us": round(eager_us, 1)}
-            for m in MODES:
+            for m in modes:
                 for cpu in ("program_cpu_us", "others_cpu_us", "busy_us"):
                     row[f"{m}_{cpu}"] = round(statistics.median(r[cpu] for r in runs[m]), 1)
-            for m in ("replay", "autograd"):
+            for m in modes[1:]:
                 us = statistics.median(r["step_us"] for r in runs[m])
                 row[f"{m}_us"] = round(us, 1)
                 row[f"{m}_ratio"] = round(us / eager_us, 3)
@@ -109,7 +120,8 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    meta = {"generated": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": args.rounds, "steps": args.steps}
+    meta = {"generated": time.strftime("%Y-%m-%dT%H:%M:%S"), "rounds": args.rounds, "steps": args.steps,
+            "variant": args.variant}
     (RESULTS / "replay.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     write_md(meta, rows)
 
@@ -160,7 +172,19 @@ def write_md(meta, rows):
         busy_lines.append(f"| {r['threads']} | {r['width']} | {r['replay_busy_us']} | "
                           f"{r['replay_busy_us'] / r['eager_us']:.2f} | {r['autograd_busy_us']} | "
                           f"{r['autograd_busy_us'] / r['eager_us']:.2f} |")
-    (RESULTS / "replay.md").write_text("\n".join(lines + cpu_lines + busy_lines) + "\n")
+    variant_lines = []
+    if meta.get("variant"):
+        variant_lines = ["", f"Variant: replay with `{meta['variant']}`, in the same rounds (medians):", "",
+                         "| intra-op threads | W | replay | variant | GraphRunner busy share: replay | variant | "
+                         "CPU µs program / others: variant | variant bitwise |",
+                         "|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            variant_lines.append(
+                f"| {r['threads']} | {r['width']} | {r['replay_ratio']:.2f} | {r['variant_ratio']:.2f} | "
+                f"{r['replay_busy_us'] / r['eager_us']:.2f} | {r['variant_busy_us'] / r['eager_us']:.2f} | "
+                f"{r['variant_program_cpu_us']} / {r['variant_others_cpu_us']} | "
+                f"{'yes' if r['variant_bitwise'] else 'NO'} |")
+    (RESULTS / "replay.md").write_text("\n".join(lines + cpu_lines + busy_lines + variant_lines) + "\n")
     print("wrote", RESULTS / "replay.md")
 
 
