@@ -54,8 +54,8 @@ ElementwiseReplay::Op ElementwiseReplay::covered(const c10::OperatorHandle& op, 
   return Op::None;
 }
 
-int ElementwiseReplay::inputs() const {
-  switch (op_) {
+int ElementwiseReplay::inputs(Op op) {
+  switch (op) {
     case Op::Sqrt: return 1;
     case Op::Addcmul:
     case Op::Addcdiv: return 3;
@@ -63,8 +63,8 @@ int ElementwiseReplay::inputs() const {
   }
 }
 
-int ElementwiseReplay::number_arg() const {
-  switch (op_) {
+int ElementwiseReplay::number_arg(Op op) {
+  switch (op) {
     case Op::Add:
     case Op::Sub:
     case Op::Lerp: return 2;
@@ -108,14 +108,6 @@ bool ElementwiseReplay::eligible_more(c10::ArrayRef<const at::Tensor*> in) const
   if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::Double) return false;
   for (const at::Tensor* t : in)
     if (!plain(*t) || t->scalar_type() != dtype || t->unsafeGetTensorImpl()->is_wrapped_number()) return false;
-  return true;
-}
-
-bool ElementwiseReplay::eligible_as_built(c10::ArrayRef<const at::Tensor*> in) const {
-  for (size_t i = 0; i < in.size(); ++i) {
-    const c10::TensorImpl* t = in[i]->unsafeGetTensorImpl();
-    if (t->key_set() != keys_[i] || !t->unsafe_storage()) return false;
-  }
   return true;
 }
 
@@ -274,17 +266,28 @@ bool ElementwiseReplay::run(torch::jit::Stack& stack) {
 }
 
 bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* out) {
-  const int n = inputs(), number_at = number_arg();
+  // One body per input count, so that its loops unroll: a 1x1 add's replay costs the GraphRunner
+  // no more than the two-input code it had before lerp, addcmul, addcdiv and sqrt were covered.
+  switch (inputs_) {
+    case 1: return run_inputs<1>(args, out);
+    case 2: return run_inputs<2>(args, out);
+    default: return run_inputs<3>(args, out);
+  }
+}
+
+template <int n>
+bool ElementwiseReplay::run_inputs(c10::ArrayRef<const c10::IValue*> args, at::Tensor* out) {
+  const int number_at = number_at_;
   if (given_up_ || args.size() != static_cast<size_t>(n + (number_at >= 0 ? 1 : 0))) return false;
-  const at::Tensor* in[3];
+  const at::Tensor* in[n];
   for (int i = 0; i < n; ++i) {
     if (!args[i]->isTensor()) return false;
     in[i] = &args[i]->toTensor();
   }
   const c10::ArrayRef<const at::Tensor*> tensors(in, static_cast<size_t>(n));
   const at::Tensor& a = *in[0];
-  const bool arithmetic = op_ == Op::Add || op_ == Op::Sub || op_ == Op::Mul || op_ == Op::Div;
-  if (!(iter_ && eligible_as_built(tensors)) && !(arithmetic ? eligible(a, *in[1]) : eligible_more(tensors)))
+  const bool arithmetic = n == 2 && (op_ == Op::Add || op_ == Op::Sub || op_ == Op::Mul || op_ == Op::Div);
+  if (!(iter_ && eligible_as_built(tensors)) && !(arithmetic ? eligible(a, *in[n - 1]) : eligible_more(tensors)))
     return false;
   if (number_at >= 0 && !check_alpha(*args[static_cast<size_t>(number_at)], a.scalar_type())) return false;
   if (!iter_) {
@@ -331,7 +334,7 @@ bool ElementwiseReplay::run(c10::ArrayRef<const c10::IValue*> args, at::Tensor* 
     point(operand_[i], data[i]);
     iter_->unsafe_replace_operand(i, data[i]);
   }
-  if (number) write_converted(*in[1], operand_[2]);  // the iterator's own copy, in place
+  if (number) write_converted(*in[n - 1], operand_[2]);  // the iterator's own copy, in place
   call_stub(number_at >= 0 ? alpha_ : c10::Scalar(1));
   if (iter_->ntensors() != n + 1) {  // a stub folded an operand into a constant: the result stands
     iter_.reset();

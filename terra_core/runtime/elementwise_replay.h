@@ -44,7 +44,8 @@ class ElementwiseReplay {
   enum class Op : uint8_t { None, Add, Sub, Mul, Div, Lerp, Addcmul, Addcdiv, Sqrt };
   // The covered operator `op` is (None: not covered); `in_place`: its in-place form (`add_`...).
   static Op covered(const c10::OperatorHandle& op, bool* in_place = nullptr);
-  explicit ElementwiseReplay(Op op, bool in_place = false) : op_(op), in_place_(in_place) {}
+  explicit ElementwiseReplay(Op op, bool in_place = false)
+      : op_(op), in_place_(in_place), inputs_(inputs(op)), number_at_(number_arg(op)) {}
   // Runs the kernel on `stack` (its arguments in, its result out, as a boxed call leaves it).
   // False, with `stack` untouched: these arguments are not covered (run the kernel as usual).
   bool run(torch::jit::Stack& stack);
@@ -58,11 +59,19 @@ class ElementwiseReplay {
   // The eligibility of inputs whose dispatch keys are the built ones': everything eligible() asks
   // but the dtypes is in the keys (layout, device, conjugate and negative bits, quantized), so one
   // compare each, and their storage.
-  bool eligible_as_built(c10::ArrayRef<const at::Tensor*> in) const;
+  bool eligible_as_built(c10::ArrayRef<const at::Tensor*> in) const {
+    for (size_t i = 0; i < in.size(); ++i) {
+      const c10::TensorImpl* t = in[i]->unsafeGetTensorImpl();
+      if (t->key_set() != keys_[i] || !t->unsafe_storage()) return false;
+    }
+    return true;
+  }
   // The tensors the operator reads (1 to 3) and where its Python number is (-1: none): add's and
   // sub's alpha, lerp's weight, addcmul's and addcdiv's value.
-  int inputs() const;
-  int number_arg() const;
+  template <int n>
+  bool run_inputs(c10::ArrayRef<const c10::IValue*> args, at::Tensor* result);  // run with n inputs
+  static int inputs(Op op);
+  static int number_arg(Op op);
   // Checks the call's number as the meta function would (add's alpha_check; for the others a real
   // number) and keeps it in alpha_ (false: refused); a call with the last one's is not checked again.
   bool check_alpha(const c10::IValue& v, c10::ScalarType dtype);
@@ -76,6 +85,8 @@ class ElementwiseReplay {
 
   Op op_;
   bool in_place_;          // writes its first argument (the iterator's output is that argument)
+  int inputs_;             // inputs(op_), number_arg(op_): asked at every run
+  int number_at_;
   bool given_up_ = false;  // the iterator changed under a stub, or could not be built
   // The second argument is a Python number (a wrapped 0-dim tensor) of this dtype, which the
   // iterator converts to the first's into a copy of its own; Undefined: a tensor of the first's.
