@@ -223,7 +223,7 @@ struct LoweredWorkers {
   int threads = 1;  // the largest intra-op count set since the pool was released: its size
   int upto = 1;     // the pool's workers up to this count were lowered ...
   int by = 0;       // ... by this much
-  uint64_t links = 0;  // /proc/self/task's link count when the workers were last looked for
+  uint64_t links = 0;  // /proc/self/task's link count at the last look that found no workers (0: look)
 };
 thread_local LoweredWorkers t_lowered;
 
