@@ -39,6 +39,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"kernels_spread_while_waited", c.spread},
           {"random_fills_inlined", c.random_fills},
           {"results_reused", c.results_reused},
+          {"views_remade", c.views_remade},
           {"kernels_run_by_waiting_program", c.helped},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},

@@ -347,6 +347,9 @@ bool bitwise_equal(const c10::IValue& a, const c10::IValue& b) {
 
 struct BlockRecorder::Impl {
   Block block;
+  // The running view kernel's input geometry, completed by kernel_end (AliasGeometry).
+  std::shared_ptr<AliasGeometry> alias;
+  const c10::StorageImpl* alias_storage = nullptr;
   std::unordered_map<const c10::TensorImpl*, Ref> by_impl;
   std::map<StorageKey, Ref> by_storage;
   // Weak references keep every recorded TensorImpl and StorageImpl address from being reused
@@ -755,6 +758,27 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   k.view = !returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite() &&
            n > 0 && schema.arguments()[0].alias_info() && !schema.arguments()[0].alias_info()->isWrite();
   k.outs = static_cast<uint32_t>(returns.size());
+  m.alias.reset();
+  const c10::IValue& first = stack[stack.size() - n];
+  bool numbers_only = true;  // besides the input: constants, or numbers re-read from the item
+  for (size_t i = 1; i < n && numbers_only; ++i) {
+    const c10::IValue& v = stack[stack.size() - n + i];
+    numbers_only = !v.isTensor() && !holds_tensors(v) &&
+                   (k.args[i].kind == Ref::Kind::Const || (k.args[i].kind == Ref::Kind::Value && k.args[i].elem < 0));
+  }
+  if (k.view && k.outs == 1 && first.isTensor() && first.toTensor().defined() && k.args[0].kind == Ref::Kind::Value &&
+      k.args[0].elem < 0 && numbers_only) {
+    const at::Tensor& in = first.toTensor();
+    m.alias = std::make_shared<AliasGeometry>();
+    for (size_t i = 1; i < n; ++i)
+      if (k.args[i].kind == Ref::Kind::Value) m.alias->numbers.emplace_back(static_cast<uint32_t>(i), stack[stack.size() - n + i]);
+    m.alias->in_sizes = in.sizes().vec();
+    m.alias->in_strides = in.strides().vec();
+    m.alias->in_offset = in.storage_offset();
+    m.alias->in_keys = in.key_set();
+    m.alias->dtype = in.scalar_type();
+    m.alias_storage = in.has_storage() ? in.storage().unsafeGetStorageImpl() : nullptr;
+  }
   // Whether the kernel computes the same with one intra-op thread is checked on copies of its
   // arguments (check_one_thread), kernel by kernel: a replay runs each with one thread or with
   // the program's count, as its check found. A kernel that only allocates (its output's bits are
@@ -939,6 +963,21 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
       return refuse(std::string("a kernel returns a host value (") + k.op->schema().name() + ")");
     }
   }
+  // A view's result as its kernel made it: kept to be made again directly (AliasGeometry).
+  if (m.alias && k.outs == 1 && stack.back().isTensor() && m.alias_storage) {
+    const at::Tensor& out = stack.back().toTensor();
+    const c10::TensorImpl* impl = out.defined() ? out.unsafeGetTensorImpl() : nullptr;
+    if (impl && typeid(*impl) == typeid(c10::TensorImpl) && impl->has_storage() &&
+        out.storage().unsafeGetStorageImpl() == m.alias_storage && impl->key_set() == m.alias->in_keys &&
+        out.scalar_type() == m.alias->dtype && impl->allow_tensor_metadata_change() &&
+        !impl->is_wrapped_number() && out.layout() == c10::kStrided && !out.is_nested()) {
+      m.alias->out_sizes = out.sizes().vec();
+      m.alias->out_strides = out.strides().vec();
+      m.alias->out_offset = out.storage_offset();
+      k.alias = std::move(m.alias);
+    }
+  }
+  m.alias.reset();
   m.block.items.back().kernels_end = static_cast<uint32_t>(m.block.kernels.size());
 }
 
@@ -1516,7 +1555,31 @@ bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone, bool* t
   return true;
 }
 
+bool BlockReplayer::run_alias(const RecordedKernel& k) {
+  const c10::IValue& v = table_[k.args[0].id];  // a table value (kernel_begin)
+  if (!v.isTensor() || !v.toTensor().defined()) return false;
+  const at::Tensor& in = v.toTensor();
+  const c10::TensorImpl* impl = in.unsafeGetTensorImpl();
+  const AliasGeometry& g = *k.alias;
+  if (impl->key_set() != g.in_keys || in.scalar_type() != g.dtype || !impl->has_storage() ||
+      impl->storage_offset() != g.in_offset || !same_ints(in.sizes(), g.in_sizes) ||
+      !same_ints(in.strides(), g.in_strides))
+    return false;
+  for (const auto& [arg, recorded] : g.numbers)
+    if (!same_number(table_[k.args[arg].id], recorded)) return false;
+  // What as_strided and alias_with_sizes_and_strides make.
+  auto out = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(in.storage()), impl->key_set(),
+                                                  in.dtype());
+  out->set_sizes_and_strides(g.out_sizes, g.out_strides, g.out_offset);
+  out->set_version_counter(impl->version_counter());  // a view shares its base's (run_kernel)
+  table_[k.first_out] = at::Tensor(std::move(out));
+  for (uint32_t id : k.release) table_[id] = c10::IValue();
+  ++aliases_;
+  return true;
+}
+
 void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {
+  if (k.alias && run_alias(k)) return;
   const bool spreads = alone && spread(k, num_threads);
   if (spreads) ++spread_;
   const int threads = k.one_thread && !spreads ? 1 : num_threads;

@@ -75,6 +75,24 @@ struct Ref {
   c10::TypePtr element_type;   // List: the list's element type
 };
 
+// A view kernel's result made again without the kernel (BlockReplayer::run_alias): where its input
+// has the recorded geometry, dtype and dispatch keys and its other arguments (dims, indices,
+// sizes: constants, or the item's Python numbers, then compared with the recorded ones) are the
+// recorded ones, the result's geometry is the recorded one (a view's is a function of those alone). Kept only where
+// the recorded result was what a view kernel's `as_strided` or `alias_with_sizes_and_strides`
+// makes: a plain TensorImpl on the input's storage with the input's keys and dtype, metadata
+// changes allowed (what `detach` makes below ADInplaceOrView too: forbidding them is that key's
+// work, which replay skips either way). View kernels
+// (t, view, transpose, select...) are a fifth to a quarter of a transformer's or an RNN's
+// replayed kernels, each ~2,000 GraphRunner instructions through the dispatcher.
+struct AliasGeometry {
+  std::vector<int64_t> in_sizes, in_strides, out_sizes, out_strides;
+  int64_t in_offset = 0, out_offset = 0;
+  c10::DispatchKeySet in_keys;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<std::pair<uint32_t, c10::IValue>> numbers;  // arguments re-read from the item, as recorded
+};
+
 struct RecordedKernel {
   const c10::OperatorHandle* op = nullptr;
   c10::DispatchKeySet keys;         // what the kernel was redispatched with (below the hook)
@@ -108,6 +126,8 @@ struct RecordedKernel {
   std::shared_ptr<ElementwiseReplay> elementwise;
   // A random fill replayed with its draws made in batches (random_fill.h); None for the others.
   RandomFill::Op random = RandomFill::Op::None;
+  // A view made again without its kernel (AliasGeometry); null for the others.
+  std::shared_ptr<const AliasGeometry> alias;
 };
 
 // One item of the block: what it was, and how to run it again.
@@ -308,6 +328,7 @@ class BlockReplayer {
   uint64_t random_fills() const { return random_fills_; }
   // Elementwise kernels whose result went into their kept last one (ElementwiseReplay).
   uint64_t results_reused() const { return results_reused_; }
+  uint64_t aliases() const { return aliases_; }  // views made directly (run_alias)
   // Kernels a waiting program thread ran (kernel_lanes.h).
   uint64_t helped() const { return helped_; }
 
@@ -336,6 +357,7 @@ class BlockReplayer {
   uint64_t spread_ = 0;
   uint64_t random_fills_ = 0;
   uint64_t results_reused_ = 0;
+  uint64_t aliases_ = 0;
   uint64_t helped_ = 0;
   std::function<bool()> program_waits_;
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
@@ -347,6 +369,8 @@ class BlockReplayer {
   // false: not so covered (run_kernel's stack route then). `*tried`: the ElementwiseReplay was
   // asked (the stack route need not ask it again).
   bool run_elementwise(const RecordedKernel& k, bool alone, bool* tried);
+  // A view kernel's result made directly (AliasGeometry); false: run the kernel.
+  bool run_alias(const RecordedKernel& k);
   bool spread(const RecordedKernel& k, int threads) const {
     return k.one_thread && threads > 1 && !openmp_spinning_limited() && program_waits_ && program_waits_() &&
            (k.spread || openmp_workers_spinning());

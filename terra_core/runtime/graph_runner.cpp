@@ -178,6 +178,7 @@ struct BlockStore {
   uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
   uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
   uint64_t results_reused_counted = 0;    // replayer.results_reused() at the last flush_counts
+  uint64_t aliases_counted = 0;           // replayer.aliases() at the last flush_counts
   uint64_t helped_counted = 0;            // replayer.helped() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
@@ -483,6 +484,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.spread += c.spread;
     total.random_fills += c.random_fills;
     total.results_reused += c.results_reused;
+    total.views_remade += c.views_remade;
     total.helped += c.helped;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
@@ -499,9 +501,10 @@ void GraphRunner::flush_counts() {
   const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
   const uint64_t helped = b.replayer.helped() - b.helped_counted;
   const uint64_t results_reused = b.replayer.results_reused() - b.results_reused_counted;
+  const uint64_t aliases = b.replayer.aliases() - b.aliases_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
       b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0 && helped == 0 &&
-      results_reused == 0)
+      results_reused == 0 && aliases == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -520,6 +523,8 @@ void GraphRunner::flush_counts() {
   b.random_fills_counted = b.replayer.random_fills();
   c.results_reused += results_reused;
   b.results_reused_counted = b.replayer.results_reused();
+  c.views_remade += aliases;
+  b.aliases_counted = b.replayer.aliases();
   c.helped += helped;
   b.helped_counted = b.replayer.helped();
 }

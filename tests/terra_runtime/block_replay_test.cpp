@@ -357,6 +357,46 @@ TEST(BlockReplay, AnInPlaceUpdateThroughAViewBumpsItsBasesVersion) {
   EXPECT_GE(runner.replay_counts().iterations, 3u);
 }
 
+// View kernels (t, transpose and select with the item's numbers, view, detach) are made again
+// without their kernels (AliasGeometry): results, the base's writes through them and its version
+// as in eager, every iteration; a select whose index changed takes the kernel.
+TEST(BlockReplay, ViewsAreMadeAgainWithTheirKernelsGeometryAndTheirBasesVersion) {
+  at::Tensor eager = at::zeros({3, 4}), eager_acc = at::zeros({2, 6});
+  at::Tensor coexec = at::zeros({3, 4}), coexec_acc = at::zeros({2, 6});
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 6; ++i) {
+    const int64_t row = i < 5 ? 1 : 2;  // the last iteration selects another row
+    const at::Tensor inc = at::full({4}, 1.0 + i);
+    eager.t().transpose(0, 1).select(0, row).add_(inc);
+    eager_acc.add_(eager.view({2, 6}));
+    eager_acc.add_(eager.detach().view({2, 6}));
+    is.begin_iteration();
+    const at::Tensor t = is.aten(op("aten::t", ""), {coexec}, false, {coexec.t()})[0];
+    const at::Tensor tt = is.aten(op("aten::transpose", "int"), {t, int64_t{0}, int64_t{1}}, false, {coexec})[0];
+    const at::Tensor r = is.aten(op("aten::select", "int"), {tt, int64_t{0}, row}, false, {coexec.select(0, row)})[0];
+    is.aten(op("aten::add_", "Tensor"), {r, inc, 1.0}, false, {});
+    const at::Tensor v = is.aten(op("aten::view", ""), {coexec, std::vector<int64_t>{2, 6}}, false,
+                                 {coexec.view({2, 6})})[0];
+    is.aten(op("aten::add_", "Tensor"), {coexec_acc, v, 1.0}, false, {});
+    const at::Tensor d = is.aten(op("aten::detach", ""), {coexec}, false, {coexec})[0];
+    const at::Tensor dv = is.aten(op("aten::view", ""), {d, std::vector<int64_t>{2, 6}}, false,
+                                  {coexec.view({2, 6})})[0];
+    is.aten(op("aten::add_", "Tensor"), {coexec_acc, dv, 1.0}, false, {});
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager, coexec));
+  EXPECT_TRUE(same(eager_acc, coexec_acc));
+  EXPECT_EQ(eager._version(), coexec._version());
+  const auto c = runner.replay_counts();
+  EXPECT_GE(c.iterations, 4u) << c.last_left;
+  // Every replayed iteration makes its 6 views directly but the last one, whose select has
+  // another index than recorded and runs its kernel.
+  EXPECT_EQ(c.views_remade, 6u * (c.iterations - 1) + 5u) << c.iterations;
+}
+
 TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
   at::manual_seed(4);
   SgdProgram eager;
