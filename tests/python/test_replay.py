@@ -643,6 +643,40 @@ def test_small_elementwise_results_go_into_their_kept_last_one_only_when_nothing
     assert s["iterations_replayed"] > 100 and s["results_reused"] > 0, s
 
 
+def test_views_made_again_directly_read_and_write_as_eagers():
+    # Replayed view kernels (t, transpose, select, view, expand) are made without their kernels
+    # (block_replay.h AliasGeometry): the views the program keeps read as eager's, writes through
+    # them reach the base, versions count as in eager, and a select whose index moves is right.
+    def run(steps=120):
+        g = torch.Generator().manual_seed(3)
+        w = torch.rand(6, 4, generator=g)
+        base = torch.zeros(4, 6)
+        kept, sums = [], []
+        for i in range(steps):
+            wt = w.t()                                # a view of a tensor from outside
+            row = base.transpose(0, 1).select(0, i % 3 if i > steps // 2 else 1)
+            row.add_(wt.sum(0)[: row.shape[0]].expand(4) * 0.01)  # a write through a view
+            flat = base.view(-1)
+            sums.append(flat.sum())
+            if i % 13 == 0:
+                kept.append(wt)
+                kept.append(flat)
+        return kept, torch.stack(sums), base, base._version
+
+    terra.config(adaptive=False)
+    eager_kept, eager_sums, eager_base, eager_version = run()
+    kept, sums, base, version = terra.run(run)
+    assert torch.equal(sums, eager_sums)
+    assert torch.equal(base, eager_base) and version == eager_version
+    assert len(kept) == len(eager_kept)
+    for a, b in zip(eager_kept, kept):
+        assert torch.equal(a, b) and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+    # A kept flat view still shares the base's storage, as eager's does.
+    assert kept[1].data_ptr() == base.data_ptr()
+    s = terra.stats(run.__qualname__)
+    assert s["iterations_replayed"] > 50 and s["views_remade"] > 0, s
+
+
 def rerouted(steps):
     """Iterations whose ops and shapes are the recorded ones but whose autograd history is not: the
     backward of one of two losses of one shape, the first in the recorded iterations and the
