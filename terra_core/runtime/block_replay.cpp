@@ -10,6 +10,7 @@
 #include "verdicts.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Context.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -974,6 +975,8 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
       m.alias->out_sizes = out.sizes().vec();
       m.alias->out_strides = out.strides().vec();
       m.alias->out_offset = out.storage_offset();
+      m.alias->out_bytes = at::detail::computeStorageNbytes(out.sizes(), out.strides(), out.itemsize(),
+                                                            static_cast<size_t>(out.storage_offset()));
       k.alias = std::move(m.alias);
     }
   }
@@ -1561,9 +1564,11 @@ bool BlockReplayer::run_alias(const RecordedKernel& k) {
   const at::Tensor& in = v.toTensor();
   const c10::TensorImpl* impl = in.unsafeGetTensorImpl();
   const AliasGeometry& g = *k.alias;
+  // The storage must hold the result, as the kernel checks (an as_strided may reach past its
+  // input's extent; another input of the same geometry may sit on a smaller storage).
   if (impl->key_set() != g.in_keys || in.scalar_type() != g.dtype || !impl->has_storage() ||
       impl->storage_offset() != g.in_offset || !same_ints(in.sizes(), g.in_sizes) ||
-      !same_ints(in.strides(), g.in_strides))
+      !same_ints(in.strides(), g.in_strides) || impl->unsafe_storage().nbytes() < g.out_bytes)
     return false;
   for (const auto& [arg, recorded] : g.numbers)
     if (!same_number(table_[k.args[arg].id], recorded)) return false;

@@ -78,16 +78,17 @@ struct Ref {
 // A view kernel's result made again without the kernel (BlockReplayer::run_alias): where its input
 // has the recorded geometry, dtype and dispatch keys and its other arguments (dims, indices,
 // sizes: constants, or the item's Python numbers, then compared with the recorded ones) are the
-// recorded ones, the result's geometry is the recorded one (a view's is a function of those alone). Kept only where
-// the recorded result was what a view kernel's `as_strided` or `alias_with_sizes_and_strides`
-// makes: a plain TensorImpl on the input's storage with the input's keys and dtype, metadata
-// changes allowed (what `detach` makes below ADInplaceOrView too: forbidding them is that key's
-// work, which replay skips either way). View kernels
-// (t, view, transpose, select...) are a fifth to a quarter of a transformer's or an RNN's
-// replayed kernels, each ~2,000 GraphRunner instructions through the dispatcher.
+// recorded ones, the result's geometry is the recorded one (a view's is a function of those
+// alone), as long as the input's storage holds it. Kept only where the recorded result was what a
+// view kernel's `as_strided` or `alias_with_sizes_and_strides` makes: a plain TensorImpl on the
+// input's storage with the input's keys and dtype, metadata changes allowed (what `detach` makes
+// below ADInplaceOrView too: forbidding them is that key's work, which replay skips either way).
+// View kernels (t, view, transpose, select...) are a fifth to a quarter of a transformer's or an
+// RNN's replayed kernels, each ~2,000 GraphRunner instructions through the dispatcher.
 struct AliasGeometry {
   std::vector<int64_t> in_sizes, in_strides, out_sizes, out_strides;
   int64_t in_offset = 0, out_offset = 0;
+  size_t out_bytes = 0;  // of storage the result reaches
   c10::DispatchKeySet in_keys;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<std::pair<uint32_t, c10::IValue>> numbers;  // arguments re-read from the item, as recorded

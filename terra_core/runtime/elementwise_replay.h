@@ -66,10 +66,10 @@ class ElementwiseReplay {
     }
     return true;
   }
-  // The tensors the operator reads (1 to 3) and where its Python number is (-1: none): add's and
-  // sub's alpha, lerp's weight, addcmul's and addcdiv's value.
   template <int n>
   bool run_inputs(c10::ArrayRef<const c10::IValue*> args, at::Tensor* result);  // run with n inputs
+  // The tensors the operator reads (1 to 3) and where its Python number is (-1: none): add's and
+  // sub's alpha, lerp's weight, addcmul's and addcdiv's value.
   static int inputs(Op op);
   static int number_arg(Op op);
   // Checks the call's number as the meta function would (add's alpha_check; for the others a real

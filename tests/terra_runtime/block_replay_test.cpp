@@ -397,6 +397,38 @@ TEST(BlockReplay, ViewsAreMadeAgainWithTheirKernelsGeometryAndTheirBasesVersion)
   EXPECT_EQ(c.views_remade, 6u * (c.iterations - 1) + 5u) << c.iterations;
 }
 
+// An as_strided view may reach past its input's extent into the rest of the storage: made
+// directly while the storage holds it; an input of the same geometry on a smaller storage takes
+// the kernel, which raises as eager does (never a view past the end of the memory).
+TEST(BlockReplay, AViewPastItsInputIsMadeDirectlyOnlyWhereTheStorageHoldsIt) {
+  EXPECT_THROW(at::zeros({4}).as_strided({8}, {1}), c10::Error);
+  GraphRunner runner;
+  Issuer is(runner);
+  std::vector<at::Tensor> bases;
+  auto step = [&](const at::Tensor& src) {
+    is.begin_iteration();
+    const at::Tensor v = is.aten(op("aten::as_strided", ""),
+                                 {src, std::vector<int64_t>{8}, std::vector<int64_t>{1}, c10::IValue()}, false,
+                                 {at::zeros({8})})[0];
+    is.aten(op("aten::add_", "Tensor"), {v, at::ones({8}), 1.0}, false, {});
+    is.end_iteration();
+  };
+  for (int i = 0; i < 5; ++i) {
+    bases.push_back(at::zeros({8}));
+    step(bases.back().narrow(0, 0, 4));  // 4 elements of a storage of 8
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  for (const at::Tensor& b : bases) EXPECT_TRUE(same(b, at::ones({8})));
+  const auto c = runner.replay_counts();
+  ASSERT_GE(c.iterations, 3u) << c.last_left;
+  EXPECT_EQ(c.views_remade, c.iterations);
+  step(at::zeros({4}));  // the same geometry on a storage of 4
+  runner.drain();
+  EXPECT_TRUE(runner.failed());
+  EXPECT_EQ(runner.replay_counts().views_remade, c.views_remade);
+}
+
 TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
   at::manual_seed(4);
   SgdProgram eager;
