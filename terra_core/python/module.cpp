@@ -257,6 +257,11 @@ PYBIND11_MODULE(_C, m) {
     if (PyErr_Occurred()) throw py::error_already_set();
   },
         "Makes a placeholder an ordinary tensor (waits for its value).");
+  m.def("version", [](const at::Tensor& t) {
+    R().await_writes(t);
+    return t._version();
+  }, "`t._version` while Terra is active: an ordinary tensor's once the in-place ops issued to it "
+     "have run (the GraphRunner bumps its counter), as eager execution shows it.");
   m.def("placeholder_state", [](const at::Tensor& t) -> std::string {
     const auto* p = terra::runtime::as_placeholder(t);
     if (!p) return "tensor";

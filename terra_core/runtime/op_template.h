@@ -124,6 +124,9 @@ struct OpTemplate {
   // Backward only: the leaves (of those the program reads .grad of) whose gradient it created or
   // accumulated when traced, and whether that set was the same in every trace.
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> grads_after;
+  // The leaves whose gradient it saw (the program had read or written it) in its last trace, by
+  // target like `grads_after`: one seen and not reached keeps its gradient through this backward.
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> grads_seen;
   bool backward_traced = false;
   bool grads_after_stable = true;
   // Co-executed runs created a gradient of a leaf not in `grads_after` (another model than the

@@ -129,6 +129,8 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   eager_held_ = false;  // the session starts with them in (terra/_patches.py)
   eager_run_ = 0;
   grad_defined_.clear();
+  last_backward_ = previous_backward_ = 0;  // the last session's have run (exit catches up)
+  last_backward_node_ = kNoNode;           // a node of that session's graph
   scalar_use_.clear();
   own_made_.clear();
   own_made_prune_at_ = kOwnMadePruneAt;
@@ -304,6 +306,12 @@ void PythonRunner::materialize(PyObject* obj) {
   } else {
     wait_for(needed_seq(t), "a tensor's value");  // a real tensor (a parameter, say) may have writes in flight
   }
+  raise_if_failed();
+}
+
+void PythonRunner::await_writes(const at::Tensor& t) {
+  if (!t.defined() || as_placeholder(t)) return;
+  wait_for(needed_seq(t), "a tensor's version");
   raise_if_failed();
 }
 

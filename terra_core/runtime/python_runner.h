@@ -100,6 +100,10 @@ class PythonRunner {
 
   // Makes a placeholder's Python object an ordinary tensor (waits for its value). GIL held.
   void materialize(PyObject* tensor);
+  // Before the program reads a tensor's version counter (`t._version`): an ordinary tensor's is
+  // bumped by the GraphRunner's in-place ops, so the writes issued to it must have run. A
+  // placeholder's is bumped as the program issues them (make_output): nothing to wait for.
+  void await_writes(const at::Tensor& t);
   void sync();  // waits for all issued work; raises a pending GraphRunner error
   // A NumPy array over a tensor's memory was handed to Python (`t.numpy()`, `np.asarray(t)`):
   // until `unexpose(key)` (the array died), the program may write that memory at any time, so
@@ -329,6 +333,16 @@ class PythonRunner {
   uint64_t last_external_write_ = 0;
   // The Backward node of the item at last_external_write_ (kNoNode: another kind of write).
   uint32_t last_write_backward_ = UINT32_MAX;
+  // The last Backward item issued: the only kind of item that may give or take the gradient of a
+  // leaf it does not name (a GradWrite names its leaf, whose state grad_defined_ then holds).
+  uint64_t last_backward_ = 0;
+  uint64_t previous_backward_ = 0;             // the Backward item issued before that one
+  uint32_t last_backward_node_ = UINT32_MAX;   // last_backward_'s node (kNoNode: none this session)
+  // Whether the backward at last_backward_ leaves the gradient of `leaf` alone: traced with the
+  // same leaves reached each time, it saw this one and did not reach it (a GAN's discriminator
+  // step, read by the generator's `zero_grad`). Then the leaf's own field says whether it has a
+  // gradient once the backwards before it have run.
+  bool last_backward_spares(const at::Tensor& leaf) const;
   // 0-d CPU tensors the GraphRunner has used, by storage: last item reading / writing each. Host
   // scalars (Adam's step counter) that the GraphRunner never touches are updated and read in the
   // Python thread at once, so `.item()` on them never waits.

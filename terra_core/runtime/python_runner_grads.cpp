@@ -54,6 +54,19 @@ void PythonRunner::note_unpredicted(OpTemplate& backward, const at::Tensor& leaf
   if (seen.size() < 64) seen.emplace_back(leaf.getIntrusivePtr());
 }
 
+bool PythonRunner::last_backward_spares(const at::Tensor& leaf) const {
+  if (last_backward_node_ == kNoNode) return false;
+  const OpTemplate& b = graph_->nodes[last_backward_node_].tmpl;
+  if (!b.backward_traced || !b.grads_after_stable || b.relearn) return false;
+  const c10::TensorImpl* impl = leaf.unsafeGetTensorImpl();
+  auto holds = [&](const std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>>& leaves) {
+    auto it = std::lower_bound(leaves.begin(), leaves.end(), impl,
+                               [](const auto& w, const c10::TensorImpl* p) { return w._unsafe_get_target() < p; });
+    return it != leaves.end() && it->_unsafe_get_target() == impl && !it->expired();
+  };
+  return holds(b.grads_seen) && !holds(b.grads_after);
+}
+
 uint32_t PythonRunner::choose_grad_read(const std::vector<uint32_t>& candidates,
                                         const at::Tensor& t, bool* settled) {
   const at::Tensor base = as_placeholder(t) ? at::Tensor() : t;
@@ -104,10 +117,11 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
         // Observe which of the leaves the program looks at this backward reached (gradient
         // created or accumulated). If that differs between traces (the forward took another
         // path), it is not known in advance.
-        std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> reached;
+        std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> reached, seen;
         for (auto& [impl, state] : grad_defined_) {
           at::Tensor x(state.leaf.lock());
           if (!x.defined() || x.unsafeGetTensorImpl() != impl) continue;
+          seen.push_back(state.leaf);
           const at::Tensor& g = x.grad();
           state.defined = g.defined();
           auto before = grads_before_.find(impl);
@@ -116,9 +130,10 @@ void PythonRunner::note_grads(uint32_t node, const torch::jit::Stack& args,
                                          before->second.second != g._version());
           if (changed) reached.push_back(state.leaf);
         }
-        std::sort(reached.begin(), reached.end(), [](const auto& a, const auto& b) {
-          return a._unsafe_get_target() < b._unsafe_get_target();
-        });
+        auto by_target = [](const auto& a, const auto& b) { return a._unsafe_get_target() < b._unsafe_get_target(); };
+        std::sort(reached.begin(), reached.end(), by_target);
+        std::sort(seen.begin(), seen.end(), by_target);
+        t.grads_seen = std::move(seen);
         auto same = [](const auto& a, const auto& b) {
           if (a.size() != b.size()) return false;
           for (size_t i = 0; i < a.size(); ++i)

@@ -158,6 +158,11 @@ void PythonRunner::note_writes(uint32_t node_id, const OpTemplate& t, const torc
   if (t.kind == OpKind::Backward || t.kind == OpKind::GradWrite) {
     last_external_write_ = seq;
     last_write_backward_ = t.kind == OpKind::Backward ? node_id : kNoNode;
+    if (t.kind == OpKind::Backward) {
+      previous_backward_ = last_backward_;
+      last_backward_ = seq;
+      last_backward_node_ = node_id;
+    }
   }
   if (!t.op || !(t.mutates_input || t.host_scalar_args)) return;
   const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op

@@ -1414,6 +1414,107 @@ def test_changing_in_place_a_tensor_that_pending_work_reads_waits_for_that_work(
     assert len(fetch_waits(co)) >= len(co)  # unsqueeze_ waited in each
 
 
+def versions_of_a_tensor_written_in_place(steps=16):
+    """A plain tensor written in place through a view while slow work is pending, its version
+    counter read from Python after each write (what `torch.utils.checkpoint` and saved-tensor
+    checks read); no `.grad` anywhere, so nothing else makes the program wait."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    x = torch.randn(256, 256)
+    versions, out = [], []
+    for _ in range(steps):
+        h = busy(x, w, 4)
+        w.view(-1).add_(0.001)
+        versions.append(w._version)
+        out.append(h.sum())
+    return [torch.tensor(versions)] + out
+
+
+def test_a_tensors_version_read_from_python_counts_the_writes_issued_to_it():
+    # The GraphRunner's in-place op bumps an ordinary tensor's counter when it runs: read before
+    # that, the program saw an older version than eager execution shows.
+    s, co = coexecuted_as_eager(versions_of_a_tensor_written_in_place)
+    assert len(co) >= 10, s
+    assert any(e["detail"] == "a tensor's version" for e in fetch_waits(co))
+
+
+def small_model_steps(model, opt, x, y, steps):
+    out = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out
+
+
+def test_a_sessions_first_gradient_reads_do_not_wait_for_the_graph_runner():
+    # A new session (each terra.run, each cell) knows nothing yet of which leaves have a gradient:
+    # `zero_grad`'s reads asked the GraphRunner, waiting for every item issued before them,
+    # including the previous parameter's `p.grad = None`: a round trip per parameter (gpt, 5-step
+    # calls: 2.7 ms of each call). Only a pending backward can change a gradient no write names.
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)])
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    eager_model, eager_opt = make()
+    model, opt = make()
+    expected, got = [], []
+    terra._C.clear_timeline()
+    for _ in range(4):
+        expected += small_model_steps(eager_model, eager_opt, x, y, 5)
+        got += terra.run(small_model_steps, model, opt, x, y, 5)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got)) and len(expected) == len(got) == 20
+    assert all(torch.equal(a, b) for a, b in zip(eager_model.parameters(), model.parameters()))
+    assert terra.stats("small_model_steps")["iterations_coexecuted"] >= 12
+    waits = [e for e in terra.timeline()["events"]
+             if e["kind"] == "fetch_wait" and e["detail"] == "whether .grad exists"]
+    assert waits == []
+
+
+def two_models_steps(a, opt_a, b, opt_b, x, steps):
+    """A GAN's shape: model a's step, then model b's, on a's output detached; b's `zero_grad`
+    reads its gradients while a's backward is still pending."""
+    out = []
+    for _ in range(steps):
+        h = a(x)
+        loss_a = h.square().mean()
+        opt_a.zero_grad()
+        loss_a.backward()
+        opt_a.step()
+        loss_b = (b(h.detach()) - x).square().mean()
+        opt_b.zero_grad()
+        loss_b.backward()
+        opt_b.step()
+        out += [loss_a.detach(), loss_b.detach()]
+    return out
+
+
+def test_gradient_reads_after_another_models_backward_do_not_wait_for_it():
+    # Traced, a's backward saw b's gradients and did not reach them: in a new session, b's reads
+    # need not wait for it (dcgan, 5-step calls: 2.4 ms of each call's first step).
+    def make():
+        torch.manual_seed(0)
+        models = [torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]) for _ in range(2)]
+        return [m_or_opt for m in models for m_or_opt in (m, torch.optim.Adam(m.parameters(), lr=1e-3))]
+    x = torch.randn(256, 128)
+    eager, ours = make(), make()
+    expected, got = [], []
+    terra._C.clear_timeline()
+    for _ in range(4):
+        expected += two_models_steps(*eager, x, 4)
+        got += terra.run(two_models_steps, *ours, x, 4)
+    assert len(expected) == len(got) == 32 and all(torch.equal(u, v) for u, v in zip(expected, got))
+    for m, n in ((eager[0], ours[0]), (eager[2], ours[2])):
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), n.parameters()))
+    assert terra.stats("two_models_steps")["iterations_coexecuted"] >= 9
+    waits = [e for e in terra.timeline()["events"]
+             if e["kind"] == "fetch_wait" and e["detail"] == "whether .grad exists"]
+    assert waits == []
+
+
 def adversarial_training(steps=24, detach=False):
     """Each step a fresh perturbation made a leaf by its factory (`requires_grad=True`), its
     gradient's sign taken (one FGSM/PGD step), then the model trained on the perturbed batch."""

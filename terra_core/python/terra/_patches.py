@@ -7,6 +7,7 @@ session is open (and restored exactly afterwards):
 - `Tensor.grad` (get/set): reads and writes of gradients are pseudo-ops too, ordered with the ops;
 - reading data from Python (`repr`/`format`/`numpy`/`tolist`/`__array__`/`data_ptr`/pickling):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
+- `Tensor._version` of an ordinary tensor: waits for the in-place ops issued to it;
 - the global RNG state (`manual_seed`, `get_rng_state`, ...) and process-wide settings kernels
   read (`set_default_dtype`, `use_deterministic_algorithms`): wait for the GraphRunner first,
   since ops already issued must see the old state;
@@ -226,6 +227,11 @@ def _settled_setter(descriptor, unchanged=None):
     return property(descriptor.__get__, set_settled, None, descriptor.__doc__)
 
 
+# An ordinary tensor's version counter moves when the GraphRunner runs the in-place ops issued to
+# it: read, it waits for them (a placeholder's moves as the program issues them).
+_VERSION = property(_C.version, None, None, torch._C.TensorBase._version.__doc__)
+
+
 def install():
     if _saved:
         return
@@ -242,6 +248,7 @@ def install():
     _set(torch.Tensor, "requires_grad",
          _settled_setter(torch._C.TensorBase.requires_grad, _requires_grad_unchanged))
     _set(torch.Tensor, "data", _settled_setter(torch._C.TensorBase.data))
+    _set(torch.Tensor, "_version", _VERSION)
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
