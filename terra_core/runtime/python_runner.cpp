@@ -310,8 +310,14 @@ void PythonRunner::materialize(PyObject* obj) {
 }
 
 void PythonRunner::await_writes(const at::Tensor& t) {
-  if (!t.defined() || as_placeholder(t)) return;
-  wait_for(needed_seq(t), "a tensor's version");
+  if (!t.defined()) return;
+  if (const PlaceholderImpl* p = as_placeholder(t)) {
+    // Without an alias group it is a view of an ordinary tensor (or a gradient): its counter is
+    // that tensor's, which the GraphRunner's ops bump; filled, the placeholder shares it.
+    if (!p->group()) fill(t);
+  } else {
+    wait_for(needed_seq(t), "a tensor's version");
+  }
   raise_if_failed();
 }
 

@@ -101,8 +101,9 @@ class PythonRunner {
   // Makes a placeholder's Python object an ordinary tensor (waits for its value). GIL held.
   void materialize(PyObject* tensor);
   // Before the program reads a tensor's version counter (`t._version`): an ordinary tensor's is
-  // bumped by the GraphRunner's in-place ops, so the writes issued to it must have run. A
-  // placeholder's is bumped as the program issues them (make_output): nothing to wait for.
+  // bumped by the GraphRunner's in-place ops, so the writes issued to it must have run; so is
+  // that of a placeholder viewing one (it is filled). Any other placeholder's is bumped as the
+  // program issues them (make_output): nothing to wait for.
   void await_writes(const at::Tensor& t);
   void sync();  // waits for all issued work; raises a pending GraphRunner error
   // A NumPy array over a tensor's memory was handed to Python (`t.numpy()`, `np.asarray(t)`):

@@ -1424,8 +1424,12 @@ def versions_of_a_tensor_written_in_place(steps=16):
     versions, out = [], []
     for _ in range(steps):
         h = busy(x, w, 4)
-        w.view(-1).add_(0.001)
-        versions.append(w._version)
+        v = w.view(-1)  # a view of an ordinary tensor: its counter is w's
+        v.add_(0.001)
+        w.mul_(0.999)
+        u = h.t()  # a view of a value the program has not seen yet: shares h's counter
+        h.add_(1.0)
+        versions.append([w._version, v._version, h._version, u._version])
         out.append(h.sum())
     return [torch.tensor(versions)] + out
 
