@@ -146,6 +146,26 @@ PyObject* grad_get(PyObject*, PyObject* self) {
   END_HANDLE_TH_ERRORS
 }
 
+// `Tensor.grad_fn` and `Tensor.is_leaf` while a session is open (plain METH_O functions, the
+// properties' fgets: `zero_grad(set_to_none=False)` asks every gradient for its grad_fn). A
+// placeholder's autograd history is made by the GraphRunner: one that requires grad is filled
+// first (unfilled, it shows no node, and a leaf, where eager shows its op's node). One that does
+// not is a leaf without a node either way.
+PyObject* history_get(PyObject* self, PyObject* descriptor) {
+  HANDLE_TH_ERRORS
+  if (THPVariable_Check(self)) {
+    const at::Tensor& t = THPVariable_Unpack(self);
+    if (t.requires_grad()) R().fill_history(t);
+  }
+  return Py_TYPE(descriptor)->tp_descr_get(descriptor, self, reinterpret_cast<PyObject*>(Py_TYPE(self)));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* grad_fn_descriptor = nullptr;  // TensorBase's own, looked up once
+PyObject* is_leaf_descriptor = nullptr;
+PyObject* grad_fn_get(PyObject*, PyObject* self) { return history_get(self, grad_fn_descriptor); }
+PyObject* is_leaf_get(PyObject*, PyObject* self) { return history_get(self, is_leaf_descriptor); }
+
 void grad_set(py::object self, py::object value, py::object setter) {
   torch::jit::Stack stack{THPVariable_Unpack(self.ptr()),
                           value.is_none() ? c10::IValue() : c10::IValue(THPVariable_Unpack(value.ptr()))};
@@ -297,6 +317,15 @@ PYBIND11_MODULE(_C, m) {
   static PyMethodDef grad_get_def{"grad_get", &grad_get, METH_O, "Tensor.grad while co-executing."};
   m.add_object("grad_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&grad_get_def, nullptr, m.ptr())));
   m.def("grad_set", &grad_set);
+  {
+    py::dict base = py::module_::import("torch").attr("_C").attr("TensorBase").attr("__dict__");
+    grad_fn_descriptor = py::object(base["grad_fn"]).release().ptr();
+    is_leaf_descriptor = py::object(base["is_leaf"]).release().ptr();
+    static PyMethodDef grad_fn_def{"grad_fn_get", &grad_fn_get, METH_O, "Tensor.grad_fn while a session is open."};
+    static PyMethodDef is_leaf_def{"is_leaf_get", &is_leaf_get, METH_O, "Tensor.is_leaf while a session is open."};
+    m.add_object("grad_fn_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&grad_fn_def, nullptr, m.ptr())));
+    m.add_object("is_leaf_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&is_leaf_def, nullptr, m.ptr())));
+  }
   m.def("settings", [] {
     py::list out;
     for (const terra::Policy::Setting& s : R().policy().settings()) {

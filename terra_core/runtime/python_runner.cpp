@@ -321,6 +321,12 @@ void PythonRunner::await_writes(const at::Tensor& t) {
   raise_if_failed();
 }
 
+void PythonRunner::fill_history(const at::Tensor& t) {
+  if (!t.defined() || !as_placeholder(t)) return;
+  fill(t);
+  raise_if_failed();
+}
+
 uintptr_t PythonRunner::expose(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage() || !t.device().is_cpu() || as_placeholder(t)) return 0;
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();

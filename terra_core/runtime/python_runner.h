@@ -105,6 +105,10 @@ class PythonRunner {
   // that of a placeholder viewing one (it is filled). Any other placeholder's is bumped as the
   // program issues them (make_output): nothing to wait for.
   void await_writes(const at::Tensor& t);
+  // Before the program reads a tensor's autograd history (`grad_fn`, `is_leaf`): an unfilled
+  // placeholder has none (the GraphRunner makes it), so it is filled first; eager execution
+  // shows the output's node at once.
+  void fill_history(const at::Tensor& t);
   void sync();  // waits for all issued work; raises a pending GraphRunner error
   // A NumPy array over a tensor's memory was handed to Python (`t.numpy()`, `np.asarray(t)`):
   // until `unexpose(key)` (the array died), the program may write that memory at any time, so

@@ -1442,6 +1442,36 @@ def test_a_tensors_version_read_from_python_counts_the_writes_issued_to_it():
     assert any(e["detail"] == "a tensor's version" for e in fetch_waits(co))
 
 
+def autograd_history_read_each_step(steps=24):
+    """Python reads of intermediate tensors' autograd history: their nodes' names, whether they
+    are leaves, the node's inputs (what a debugger, a printout or a library check looks at)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    seen, out = [], []
+    for _ in range(steps):
+        y = lin(x)
+        z = y.relu()
+        loss = z[1:].sum() + z.t().mean()
+        seen.append((y.grad_fn.name(), type(y.grad_fn).__name__, y.is_leaf, z.is_leaf, x.is_leaf,
+                     [type(f).__name__ for f, _ in y.grad_fn.next_functions], loss.grad_fn.name(),
+                     lin.weight.is_leaf, lin.weight.grad_fn is None))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return [seen] + out + [lin.weight.detach().clone()]
+
+
+def test_intermediates_show_their_autograd_history_as_in_eager():
+    # A placeholder has no grad_fn until the GraphRunner made its value: it read as a leaf
+    # without a node (`y.grad_fn is None`, `y.is_leaf`), where eager shows AddmmBackward0.
+    s, co = coexecuted_as_eager(autograd_history_read_each_step)
+    assert len(co) >= 12, s
+    assert s["iterations_replayed"] >= 10, s
+
+
 def small_model_steps(model, opt, x, y, steps):
     out = []
     for _ in range(steps):

@@ -8,6 +8,7 @@ session is open (and restored exactly afterwards):
 - reading data from Python (`repr`/`format`/`numpy`/`tolist`/`__array__`/`data_ptr`/pickling):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
 - `Tensor._version` of an ordinary tensor: waits for the in-place ops issued to it;
+- `Tensor.grad_fn` and `Tensor.is_leaf` of a placeholder: its value (and history) first;
 - the global RNG state (`manual_seed`, `get_rng_state`, ...) and process-wide settings kernels
   read (`set_default_dtype`, `use_deterministic_algorithms`): wait for the GraphRunner first,
   since ops already issued must see the old state;
@@ -232,6 +233,12 @@ def _settled_setter(descriptor, unchanged=None):
 _VERSION = property(_C.version, None, None, torch._C.TensorBase._version.__doc__)
 
 
+# A placeholder's autograd history is made by the GraphRunner: `grad_fn` and `is_leaf` of one that
+# requires grad fill it first (terra_core/python/module.cpp: history_get).
+_HISTORY = {"grad_fn": property(_C.grad_fn_get, None, None, torch._C.TensorBase.grad_fn.__doc__),
+            "is_leaf": property(_C.is_leaf_get, None, None, torch._C.TensorBase.is_leaf.__doc__)}
+
+
 def install():
     if _saved:
         return
@@ -249,6 +256,8 @@ def install():
          _settled_setter(torch._C.TensorBase.requires_grad, _requires_grad_unchanged))
     _set(torch.Tensor, "data", _settled_setter(torch._C.TensorBase.data))
     _set(torch.Tensor, "_version", _VERSION)
+    for name, prop in _HISTORY.items():
+        _set(torch.Tensor, name, prop)
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
     _set(threading.Thread, "start", _thread_start)
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
