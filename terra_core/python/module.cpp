@@ -163,7 +163,21 @@ PyObject* history_get(PyObject* self, PyObject* descriptor) {
 
 PyObject* grad_fn_descriptor = nullptr;  // TensorBase's own, looked up once
 PyObject* is_leaf_descriptor = nullptr;
+PyObject* base_descriptor = nullptr;
 PyObject* grad_fn_get(PyObject*, PyObject* self) { return history_get(self, grad_fn_descriptor); }
+// `Tensor._base` and `Tensor._is_view()`: a placeholder made by a view op is no autograd view
+// (the GraphRunner makes the view); it holds the base eager's view would name.
+const at::Tensor* placeholder_view_base(PyObject* self) {
+  if (!THPVariable_Check(self)) return nullptr;
+  const auto* p = terra::runtime::placeholder_impl(THPVariable_Unpack(self));
+  return p && p->view_base().defined() ? &p->view_base() : nullptr;
+}
+PyObject* base_get(PyObject*, PyObject* self) {
+  HANDLE_TH_ERRORS
+  if (const at::Tensor* base = placeholder_view_base(self)) return THPVariable_Wrap(*base);
+  return Py_TYPE(base_descriptor)->tp_descr_get(base_descriptor, self, reinterpret_cast<PyObject*>(Py_TYPE(self)));
+  END_HANDLE_TH_ERRORS
+}
 PyObject* is_leaf_get(PyObject*, PyObject* self) { return history_get(self, is_leaf_descriptor); }
 
 void grad_set(py::object self, py::object value, py::object setter) {
@@ -321,6 +335,11 @@ PYBIND11_MODULE(_C, m) {
     py::dict base = py::module_::import("torch").attr("_C").attr("TensorBase").attr("__dict__");
     grad_fn_descriptor = py::object(base["grad_fn"]).release().ptr();
     is_leaf_descriptor = py::object(base["is_leaf"]).release().ptr();
+    base_descriptor = py::object(base["_base"]).release().ptr();
+    static PyMethodDef base_def{"base_get", &base_get, METH_O, "Tensor._base while a session is open."};
+    m.add_object("base_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&base_def, nullptr, m.ptr())));
+    m.def("is_placeholder_view", [](py::handle t) { return placeholder_view_base(t.ptr()) != nullptr; },
+          "Whether a tensor is a placeholder made by a view op that eager makes an autograd view.");
     static PyMethodDef grad_fn_def{"grad_fn_get", &grad_fn_get, METH_O, "Tensor.grad_fn while a session is open."};
     static PyMethodDef is_leaf_def{"is_leaf_get", &is_leaf_get, METH_O, "Tensor.is_leaf while a session is open."};
     m.add_object("grad_fn_get", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&grad_fn_def, nullptr, m.ptr())));

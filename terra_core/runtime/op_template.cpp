@@ -346,6 +346,7 @@ void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
       o.alias_arg = alias;
       o.view = is_view(j);
       o.none = !t.defined();
+      o.autograd_view = o.view && t.defined() && t.is_view();
       if (t.defined()) o.meta = meta_of(t);
       outs.push_back(std::move(o));
     };

@@ -62,6 +62,7 @@ struct ArgSpec {
 struct OutSpec {
   int alias_arg = -1;               // in-place/out= ops: index of the argument returned
   bool view = false;                // shares storage with input 0 (view ops)
+  bool autograd_view = false;       // and eager made it an autograd view (`_base`; not detach's)
   bool none = false;                // an undefined tensor / None
   TensorMeta meta;
 };

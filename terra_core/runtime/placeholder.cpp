@@ -47,6 +47,7 @@ void PlaceholderImpl::release_resources() {
   TensorImpl::release_resources();
   slot_.reset();
   group_.reset();
+  view_base_.reset();
 }
 
 c10::intrusive_ptr<c10::TensorImpl> PlaceholderImpl::copy_detached(

@@ -95,6 +95,10 @@ class PlaceholderImpl final : public c10::TensorImpl {
   uint32_t reuse_node() const { return reuse_node_; }
   void set_reuse_node(uint32_t node) { reuse_node_ = node; }
   bool has_extra_meta() const { return extra_meta_ != nullptr; }
+  // What `_base` shows (the root of a view op's input, as eager's autograd view records it);
+  // undefined for a placeholder that is not such a view. Held, as eager's view holds its base.
+  const at::Tensor& view_base() const { return view_base_; }
+  void set_view_base(at::Tensor base) { view_base_ = std::move(base); }
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,
@@ -119,6 +123,7 @@ class PlaceholderImpl final : public c10::TensorImpl {
   bool born_requiring_grad_ = false;
   uint32_t reuse_node_ = kNoReuse;
   uint64_t last_use_ = 0;
+  at::Tensor view_base_;
   friend class PlaceholderPool;
 };
 
@@ -152,6 +157,12 @@ std::string describe(const TensorMeta& m);
 
 at::Tensor make_placeholder(const TensorMeta& meta, std::shared_ptr<Slot> slot,
                             std::shared_ptr<AliasGroup> group);
+
+// A placeholder filled or not (as_placeholder: not filled yet).
+inline PlaceholderImpl* placeholder_impl(const at::Tensor& t) {
+  auto* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(PlaceholderImpl) ? static_cast<PlaceholderImpl*>(impl) : nullptr;
+}
 
 inline PlaceholderImpl* as_placeholder(const at::Tensor& t) {
   auto* impl = t.unsafeGetTensorImpl();

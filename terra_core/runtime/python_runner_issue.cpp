@@ -258,6 +258,15 @@ at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
     if (base && base->version_counter().enabled())
       p.unsafeGetTensorImpl()->set_version_counter(base->version_counter());
   }
+  if (o.autograd_view && !args.empty() && args[0].isTensor() && args[0].toTensor().defined()) {
+    // `_base` as eager's autograd view gives it: the root of the input's views.
+    const at::Tensor& in = args[0].toTensor();
+    const PlaceholderImpl* in_p = placeholder_impl(in);
+    at::Tensor root = in;
+    if (in_p && in_p->view_base().defined()) root = in_p->view_base();
+    else if (!in_p && in.is_view()) root = at::Tensor(in._base());
+    static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_view_base(std::move(root));
+  }
   if (t.indexed_view != IndexedView::None) p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(args));
   if (out.reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(out.node_id);
   out.item.outs[index] = std::move(slot);

@@ -1444,7 +1444,8 @@ def test_a_tensors_version_read_from_python_counts_the_writes_issued_to_it():
 
 def autograd_history_read_each_step(steps=24):
     """Python reads of intermediate tensors' autograd history: their nodes' names, whether they
-    are leaves, the node's inputs (what a debugger, a printout or a library check looks at)."""
+    are leaves, the node's inputs, the bases of views (what a debugger, a printout or a library
+    check looks at)."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
@@ -1453,10 +1454,14 @@ def autograd_history_read_each_step(steps=24):
     for _ in range(steps):
         y = lin(x)
         z = y.relu()
-        loss = z[1:].sum() + z.t().mean()
+        rows, zt, flat, detached, xs = z[1:], z.t(), z.view(-1), z.detach(), x[2:]
+        loss = rows.sum() + zt[1:].mean() + flat.square().mean()
+        bases = [next((name for name, t in (("z", z), ("x", x), ("y", y)) if v._base is t), v._base)
+                 for v in (rows, zt, zt[1:], flat, detached, xs, xs.unsqueeze(0), y)]
         seen.append((y.grad_fn.name(), type(y.grad_fn).__name__, y.is_leaf, z.is_leaf, x.is_leaf,
                      [type(f).__name__ for f, _ in y.grad_fn.next_functions], loss.grad_fn.name(),
-                     lin.weight.is_leaf, lin.weight.grad_fn is None))
+                     lin.weight.is_leaf, lin.weight.grad_fn is None, bases,
+                     [v._is_view() for v in (rows, zt, flat, detached, xs, y)]))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -1466,7 +1471,8 @@ def autograd_history_read_each_step(steps=24):
 
 def test_intermediates_show_their_autograd_history_as_in_eager():
     # A placeholder has no grad_fn until the GraphRunner made its value: it read as a leaf
-    # without a node (`y.grad_fn is None`, `y.is_leaf`), where eager shows AddmmBackward0.
+    # without a node (`y.grad_fn is None`, `y.is_leaf`), where eager shows AddmmBackward0; and a
+    # view op's placeholder is no autograd view (`_base` None, where eager names the root base).
     s, co = coexecuted_as_eager(autograd_history_read_each_step)
     assert len(co) >= 12, s
     assert s["iterations_replayed"] >= 10, s

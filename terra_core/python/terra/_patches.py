@@ -9,6 +9,7 @@ session is open (and restored exactly afterwards):
   a fetch: wait for the value, make the tensor concrete, then run PyTorch's own code untraced;
 - `Tensor._version` of an ordinary tensor: waits for the in-place ops issued to it;
 - `Tensor.grad_fn` and `Tensor.is_leaf` of a placeholder: its value (and history) first;
+  `Tensor._base` and `_is_view()` of a placeholder made by a view op: the base eager's view names;
 - the global RNG state (`manual_seed`, `get_rng_state`, ...) and process-wide settings kernels
   read (`set_default_dtype`, `use_deterministic_algorithms`): wait for the GraphRunner first,
   since ops already issued must see the old state;
@@ -235,8 +236,19 @@ _VERSION = property(_C.version, None, None, torch._C.TensorBase._version.__doc__
 
 # A placeholder's autograd history is made by the GraphRunner: `grad_fn` and `is_leaf` of one that
 # requires grad fill it first (terra_core/python/module.cpp: history_get).
+# A placeholder made by a view op names its base as eager's autograd view would (`_base`,
+# `_is_view()`; the GraphRunner makes the view itself).
+_base_is_view = torch._C.TensorBase._is_view
+
+
+def _is_view(self):
+    return _C.is_placeholder_view(self) or _base_is_view(self)
+
+
 _HISTORY = {"grad_fn": property(_C.grad_fn_get, None, None, torch._C.TensorBase.grad_fn.__doc__),
-            "is_leaf": property(_C.is_leaf_get, None, None, torch._C.TensorBase.is_leaf.__doc__)}
+            "is_leaf": property(_C.is_leaf_get, None, None, torch._C.TensorBase.is_leaf.__doc__),
+            "_base": property(_C.base_get, None, None, torch._C.TensorBase._base.__doc__),
+            "_is_view": functools.wraps(_base_is_view)(_is_view)}
 
 
 def install():
