@@ -214,9 +214,12 @@ def test_coexecute_block_with_explicit_iterations():
 
 
 def test_patches_are_removed_after_the_session():
-    grad_before = torch.Tensor.__dict__.get("grad")
+    names = ("grad", "_version", "grad_fn", "is_leaf", "_base", "_is_view")
+    before = {n: torch.Tensor.__dict__.get(n) for n in names}
+    inside = terra.run(lambda: {n: torch.Tensor.__dict__.get(n) for n in names})
     terra.run(train, 3)
-    assert torch.Tensor.__dict__.get("grad") is grad_before
+    assert {n: torch.Tensor.__dict__.get(n) for n in names} == before
+    assert all(inside[n] is not None and inside[n] is not before[n] for n in names[1:])
     assert torch.autograd._engine_run_backward.__module__ == "torch.autograd.graph"
 
 
