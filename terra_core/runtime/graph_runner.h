@@ -150,6 +150,11 @@ class GraphRunner {
   // Python thread: items up to this one have dropped their placeholders (reclaim).
   uint64_t lightened() const { return lightened_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
+  // The iteration (WorkItem::iteration) whose recording was last kept as a path its iteration
+  // start had never had, plus one (0: none): the program's warm-up, which the payoff check leaves
+  // out of co-execution's times (a path recorded again after it was dropped stays in: a recurring
+  // cost). Any thread.
+  uint64_t new_path_iteration() const { return new_path_iteration_.load(std::memory_order_acquire); }
   // Blocks until every item up to `seq` has been executed (or skipped after an error): a short
   // spin (`spin`), then sleep until the GraphRunner reaches `seq`.
   void wait_for(uint64_t seq, bool spin = true);
@@ -293,6 +298,7 @@ class GraphRunner {
   std::unique_ptr<BlockStore> blocks_;  // GraphRunner thread only
   std::unique_ptr<KernelLanes> lanes_;  // kernel_lanes.h: the replayed items' second thread
   std::atomic<uint64_t> waiter_{0};     // the item the Python thread waits for (0: none)
+  std::atomic<uint64_t> new_path_iteration_{0};
   // GraphRunner thread (wait_for_work): the last item ended a wait of the Python thread (its
   // graph and node, plus one; 0: it did not), and, by such item, whether the last idle time
   // after it exceeded kIdleSpinNs.

@@ -243,4 +243,50 @@ def test_the_first_two_iterations_of_a_coexecuted_run_are_not_payoff_samples(rep
             length = 0
     assert s["iterations_coexecuted"] >= 20 and runs, s
     assert (s["blocks_recorded"] >= 1) == replay, s
-    assert s["iterations_unsteady"] == sum(min(n, 2) for n in runs), (s, modes)
+    first_two = sum(min(n, 2) for n in runs)
+    if replay:  # and up to three around each recording of a new path (the next test)
+        assert first_two <= s["iterations_unsteady"] <= first_two + 3 * s["blocks_recorded"], (s, modes)
+    else:
+        assert s["iterations_unsteady"] == first_two, (s, modes)
+
+
+def coexec_runs(name):
+    runs, length = [], 0
+    for m in [it["mode"] for it in terra.timeline(name)["iterations"]] + [None]:
+        if m == "coexec":
+            length += 1
+        elif length:
+            runs.append(length)
+            length = 0
+    return runs
+
+
+def three_paths(steps):
+    """Batches of three sizes in turn: three paths through the step, each recorded once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    losses = []
+    for step in range(steps):
+        n = 8 + 8 * (step % 3)
+        loss = torch.nn.functional.mse_loss(model(x[:n]), y[:n])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses + [p.detach() for p in model.parameters()]
+
+
+def test_recordings_of_a_loops_new_paths_are_not_payoff_samples():
+    # A loop with a few paths records a block for each, once: the first checks timed those
+    # recordings and held rnn_lengths (17 sequence lengths) eager in 2 of 3 processes. The
+    # iterations whose timed interval holds such a recording are left out like a run's first two.
+    terra.config(adaptive=True, payoff_margin=1e9)
+    got = terra.run(three_paths, 40)
+    expected = three_paths(40)
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got))
+    s = terra.stats("three_paths")
+    runs = coexec_runs("three_paths")
+    assert s["blocks_recorded"] >= 3 and s["iterations_replayed"] >= 20, s
+    assert s["iterations_unsteady"] > sum(min(n, 2) for n in runs), (s, runs)
