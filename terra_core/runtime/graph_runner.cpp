@@ -127,9 +127,12 @@ struct BlockStore {
     // choose among the paths (or record theirs).
     bool several = false;
     int unused_dropped = 0;  // paths dropped never replayed: at kMaxPaths, no more are recorded
-    // Every path recorded here so far, dropped ones too (Block::signature): a recording of one
-    // not among them is the program's warm-up, one of a dropped path a recurring cost.
+    // Every path recorded here so far, dropped ones too (`signature`), and the recordings begun.
+    // While each recording was of a new path, the next one is taken for the program's warm-up
+    // (GraphRunner::new_path_iteration); once one was not (a dropped path recorded again, or a
+    // refusal), recordings are a recurring cost of co-executing the loop.
     std::set<uint64_t> signatures;
+    size_t recordings = 0;
   };
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;
@@ -565,6 +568,10 @@ void GraphRunner::start_recording(uint64_t graph) {
   BlockStore& b = *blocks_;
   b.recorder = std::make_unique<BlockRecorder>(graph, accelerator_blocks_.load(std::memory_order_relaxed));
   b.state = BlockStore::State::Recording;
+  // Published at the start: the payoff check reads it once the iteration's items have run,
+  // possibly before its end (and the recording's) is.
+  if (b.entry && b.entry->recordings++ == b.entry->signatures.size())
+    new_path_iteration_.store(b.iteration + 1, std::memory_order_release);
 }
 
 void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
@@ -786,9 +793,7 @@ void GraphRunner::end_iteration() {
         c.not_one_thread = block->not_one_thread;
         c.program_count_kernels = block->program_count_kernels;
       }
-      auto& seen = b.entry->signatures;
-      if (seen.size() < BlockStore::kMaxSignatures && seen.insert(signature(*block)).second)
-        new_path_iteration_.store(b.iteration + 1, std::memory_order_release);
+      if (b.entry->signatures.size() < BlockStore::kMaxSignatures) b.entry->signatures.insert(signature(*block));
       b.add_path(std::move(block));
       ++c.recorded;
     } else {

@@ -150,10 +150,10 @@ class GraphRunner {
   // Python thread: items up to this one have dropped their placeholders (reclaim).
   uint64_t lightened() const { return lightened_; }
   uint64_t done() const { return done_.load(std::memory_order_acquire); }
-  // The iteration (WorkItem::iteration) whose recording was last kept as a path its iteration
-  // start had never had, plus one (0: none): the program's warm-up, which the payoff check leaves
-  // out of co-execution's times (a path recorded again after it was dropped stays in: a recurring
-  // cost). Any thread.
+  // The iteration (WorkItem::iteration) of the last recording begun while every recording of
+  // its iteration start had been of a new path, plus one (0: none): the program's warm-up, which
+  // the payoff check leaves out of co-execution's times (once a dropped path was recorded again,
+  // recordings are a recurring cost and stay in). Any thread.
   uint64_t new_path_iteration() const { return new_path_iteration_.load(std::memory_order_acquire); }
   // Blocks until every item up to `seq` has been executed (or skipped after an error): a short
   // spin (`spin`), then sleep until the GraphRunner reaches `seq`.
