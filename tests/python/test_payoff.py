@@ -234,13 +234,7 @@ def test_the_first_two_iterations_of_a_coexecuted_run_are_not_payoff_samples(rep
     same_state(train(30), got)
     s = terra.stats("train")
     modes = [it["mode"] for it in terra.timeline("train")["iterations"]]
-    runs, length = [], 0
-    for m in modes + [None]:
-        if m == "coexec":
-            length += 1
-        elif length:
-            runs.append(length)
-            length = 0
+    runs = coexec_runs("train")
     assert s["iterations_coexecuted"] >= 20 and runs, s
     assert (s["blocks_recorded"] >= 1) == replay, s
     first_two = sum(min(n, 2) for n in runs)
@@ -251,6 +245,7 @@ def test_the_first_two_iterations_of_a_coexecuted_run_are_not_payoff_samples(rep
 
 
 def coexec_runs(name):
+    """The lengths of the runs of consecutive co-executed iterations in `name`'s timeline."""
     runs, length = [], 0
     for m in [it["mode"] for it in terra.timeline(name)["iterations"]] + [None]:
         if m == "coexec":
