@@ -293,6 +293,7 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inf
   *slot = p->slot_;
   p->born_requiring_grad_ = meta.requires_grad;  // as_made: its autograd metadata says so
   p->last_use_ = 0;
+  p->view_base_.reset();  // pooled outputs are no views; as made
   auto& version = p->version_counter_;
   if (version.enabled() && (!version.unique() || version.current_version() != 0)) version = c10::VariableVersion(0);
   return at::Tensor(c10::intrusive_ptr<c10::TensorImpl>(std::move(p)));
