@@ -45,9 +45,13 @@ enum class Form {
   Linear,        // (input, weight, bias=None)
   Item,          // (input) -> a Python number: Tensor.item
   Index,         // (input, i) with i a Python int in range: Tensor.__getitem__ as select(0, i)
+  // Positional arguments in the schema's order, each a plain tensor, None for an optional tensor,
+  // or a Python int, float or bool of the schema's type; the schema's defaults for the rest
+  // (schema_args). Keywords, and every other type, go to the original.
+  Schema,
 };
 
-enum class Owner { Tensor, Torch, Functional };
+enum class Owner { Tensor, Torch, Functional, Nn };  // Nn: torch._C._nn (what F.* calls)
 
 struct Entry {
   Owner owner;
@@ -126,6 +130,16 @@ Entry entries[] = {
     TERRA_FUNCTION(Torch, "div", "aten::div", "Tensor", Binary, true),
     TERRA_FUNCTION(Torch, "matmul", "aten::matmul", "", Binary, false),
     TERRA_FUNCTION(Functional, "linear", "aten::linear", "", Linear, false),
+    // The dispatcher route's most frequent entries in the benchmarks' steps (session 42:
+    // rnn_lengths' embedding and cross entropy per time step; softmax, transpose, unsqueeze and
+    // gelu in the transformers).
+    TERRA_FUNCTION(Torch, "embedding", "aten::embedding", "", Schema, false),       // F.embedding
+    TERRA_FUNCTION(Nn, "cross_entropy_loss", "aten::cross_entropy_loss", "", Schema, false),  // F.cross_entropy
+    TERRA_FUNCTION(Functional, "gelu", "aten::gelu", "", Schema, false),
+    TERRA_METHOD("softmax", "aten::softmax", "int", Schema, false, false),           // F.softmax
+    TERRA_METHOD("log_softmax", "aten::log_softmax", "int", Schema, false, false),   // F.log_softmax
+    TERRA_METHOD("transpose", "aten::transpose", "int", Schema, false, false),
+    TERRA_METHOD("unsqueeze", "aten::unsqueeze", "", Schema, false, false),
 };
 
 #undef TERRA_METHOD
@@ -176,6 +190,73 @@ bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
   return number.has_value();
 }
 
+// A Python int as PyTorch's parser takes one for an int argument (not a bool), or nothing.
+std::optional<int64_t> python_int(PyObject* obj) {
+  if (!PyLong_CheckExact(obj)) return std::nullopt;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(v);
+}
+
+// Form::Schema: the Python arguments after self (`first` schema arguments are on the stack),
+// each of the type its schema argument takes, then the defaults of those not given.
+bool schema_args(const c10::FunctionSchema& schema, size_t first, PyObject* const* args, Py_ssize_t nargs,
+                 torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
+  const auto& formal = schema.arguments();
+  if (first + static_cast<size_t>(nargs) > formal.size()) return false;
+  for (size_t i = first; i < formal.size(); ++i) {
+    const c10::Argument& a = formal[i];
+    const auto k = static_cast<Py_ssize_t>(i - first);
+    if (k >= nargs) {
+      if (!a.default_value()) return false;
+      stack->push_back(*a.default_value());
+      continue;
+    }
+    if (a.kwarg_only()) return false;
+    PyObject* obj = args[k];
+    c10::TypePtr type = a.real_type();
+    if (auto optional = type->cast<c10::OptionalType>()) {
+      if (obj == Py_None) {
+        stack->emplace_back();
+        continue;
+      }
+      type = optional->getElementType();
+    }
+    switch (type->kind()) {
+      case c10::TypeKind::TensorType:
+        if (!tensor_arg(obj, false, stack, keys)) return false;
+        break;
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::SymIntType: {
+        const std::optional<int64_t> v = python_int(obj);
+        if (!v) return false;
+        stack->emplace_back(*v);
+        break;
+      }
+      case c10::TypeKind::FloatType:
+        if (PyFloat_CheckExact(obj)) {
+          stack->emplace_back(PyFloat_AS_DOUBLE(obj));
+        } else if (const std::optional<int64_t> v = python_int(obj)) {
+          stack->emplace_back(static_cast<double>(*v));  // as the parser reads an int for a float
+        } else {
+          return false;
+        }
+        break;
+      case c10::TypeKind::BoolType:
+        if (!PyBool_Check(obj)) return false;
+        stack->emplace_back(obj == Py_True);
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
 size_t tensors_of(Form form) {
   switch (form) {
     case Form::Unary:
@@ -212,6 +293,8 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
     } else if (!tensor_arg(args[2], false, stack, &keys)) {
       return false;
     }
+  } else if (e.form == Form::Schema) {
+    if (kwnames || !schema_args(e.handle->schema(), method ? 1 : 0, args, nargs, stack, &keys)) return false;
   } else if (e.form == Form::Index) {
     // `x[i]` as PyTorch's indexing takes a plain int: select(0, i). Anything else (slices,
     // tuples, tensors, bools, NumPy integers, an index out of range, whose error PyTorch words
@@ -321,9 +404,11 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
       pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
   for (size_t i = 0; i < std::size(entries); ++i) {
     Entry& e = entries[i];
-    PyObject* owner = e.owner == Owner::Tensor ? tensor.ptr()
-                      : e.owner == Owner::Torch ? torch_module.ptr()
-                                                : functional.ptr();
+    static PyObject* nn = pybind11::module_::import("torch._C._nn").release().ptr();
+    PyObject* owner = e.owner == Owner::Tensor       ? tensor.ptr()
+                      : e.owner == Owner::Torch      ? torch_module.ptr()
+                      : e.owner == Owner::Functional ? functional.ptr()
+                                                     : nn;
     e.original = PyObject_GetAttrString(owner, e.name);  // kept for the process's lifetime
     if (!e.original) throw pybind11::error_already_set();
     e.handle = new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.overload));

@@ -99,13 +99,32 @@ VARIANTS.update({
     "x[other index kinds] (the original)": lambda o: (
         o["a"][1:3], o["a"][:, 1], o["a"][None], o["a"][True], o["a"][..., 0],
         o["a"][torch.tensor(1)], o["a"][[0, 2]], o["a"][o["a"] > 1]),
+    "embedding": lambda o: (F.embedding(o["ints"] % 5, o["w"]), F.embedding(o["ints"] % 5, o["w"], 1),
+                            torch.embedding(o["w"], o["ints"] % 5)),
+    "cross entropy": lambda o: (
+        F.cross_entropy(o["a"], o["ints"][:, 0] % 3), F.cross_entropy(o["a"], o["ints"][:, 1] % 3, o["row"]),
+        F.cross_entropy(o["a"], o["ints"][:, 2] % 3, ignore_index=1, reduction="sum"),
+        F.cross_entropy(o["a"], o["ints"][:, 0] % 3, label_smoothing=0.1),
+        F.cross_entropy(o["a"], o["a"].softmax(1))),  # probabilities as the target
+    "softmax, log_softmax, gelu": lambda o: (
+        o["a"].softmax(1), o["a"].softmax(-1), F.softmax(o["a"], dim=0), o["a"].log_softmax(1),
+        F.log_softmax(o["a"], 0), F.gelu(o["a"] - 1), torch.nn.GELU()(o["a"])),
+    "transpose, unsqueeze": lambda o: (o["a"].transpose(0, 1), o["a"].transpose(-1, 0) * 2,
+                                       o["a"].unsqueeze(0), o["a"].unsqueeze(-1) + 1,
+                                       o["ints"].unsqueeze(1).transpose(1, 2)),
+    "keywords, dtypes, names and bools for ints (the original)": lambda o: (
+        o["a"].softmax(dim=1), o["a"].softmax(0, torch.float64), F.gelu(o["a"], approximate="tanh"),
+        o["a"].transpose(dim0=0, dim1=1), raises(lambda: o["a"].unsqueeze(True), TypeError), o["a"].log_softmax(1, dtype=torch.float64)),
+    "transpose out of range (raises)": lambda o: raises(lambda: o["a"].transpose(0, 2), IndexError),
     "autograd through the fast path": lambda o: backward_then_grads(
         (F.linear(o["a"], o["w"], o["b"]).tanh() * 2 + 1).sum(), o["w"], o["b"]),
 })
 
 
 # Variants whose op must take the fast path (and, with it off, the dispatcher route).
-FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int"}
+FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int", "embedding": "aten::embedding",
+            "cross entropy": "aten::cross_entropy_loss", "softmax, log_softmax, gelu": "aten::softmax.int",
+            "transpose, unsqueeze": "aten::transpose.int"}
 
 
 def dispatched(stats):
