@@ -149,11 +149,8 @@ Entry entries[] = {
 // own (Parameter's is PyTorch's disabled one). Instances of other subclasses take the original.
 PyTypeObject* plain_types[2] = {nullptr, nullptr};
 
-// A Python number as PyTorch's parser reads one (bool, int, float), or nothing for anything else
-// (an int beyond 64 bits, a 0-dim tensor, which the parser would read with .item()).
-std::optional<at::Scalar> python_number(PyObject* obj) {
-  if (PyBool_Check(obj)) return at::Scalar(obj == Py_True);
-  if (PyFloat_CheckExact(obj)) return at::Scalar(PyFloat_AS_DOUBLE(obj));
+// A Python int as PyTorch's parser takes one for an int argument (not a bool), or nothing.
+std::optional<int64_t> python_int(PyObject* obj) {
   if (!PyLong_CheckExact(obj)) return std::nullopt;
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
@@ -161,7 +158,16 @@ std::optional<at::Scalar> python_number(PyObject* obj) {
     PyErr_Clear();
     return std::nullopt;
   }
-  return at::Scalar(static_cast<int64_t>(v));
+  return static_cast<int64_t>(v);
+}
+
+// A Python number as PyTorch's parser reads one (bool, int, float), or nothing for anything else
+// (an int beyond 64 bits, a 0-dim tensor, which the parser would read with .item()).
+std::optional<at::Scalar> python_number(PyObject* obj) {
+  if (PyBool_Check(obj)) return at::Scalar(obj == Py_True);
+  if (PyFloat_CheckExact(obj)) return at::Scalar(PyFloat_AS_DOUBLE(obj));
+  if (const std::optional<int64_t> v = python_int(obj)) return at::Scalar(*v);
+  return std::nullopt;
 }
 
 // A tensor argument as PyTorch's parser would take it, or false where the parser would do
@@ -188,18 +194,6 @@ bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
   const std::optional<at::Scalar> number = python_number(obj);
   if (number) stack->emplace_back(*number);
   return number.has_value();
-}
-
-// A Python int as PyTorch's parser takes one for an int argument (not a bool), or nothing.
-std::optional<int64_t> python_int(PyObject* obj) {
-  if (!PyLong_CheckExact(obj)) return std::nullopt;
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-    PyErr_Clear();
-    return std::nullopt;
-  }
-  return static_cast<int64_t>(v);
 }
 
 // Form::Schema: the Python arguments after self (`first` schema arguments are on the stack),
