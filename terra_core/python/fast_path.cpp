@@ -51,7 +51,9 @@ enum class Form {
   Schema,
 };
 
-enum class Owner { Tensor, Torch, Functional, Nn };  // Nn: torch._C._nn (what F.* calls)
+// Nn: torch._C._nn; VF: torch._VF (what F.* and the nn modules call: an object whose attributes
+// it looks up in torch._C._VariableFunctions, so one set on it comes first).
+enum class Owner { Tensor, Torch, Functional, Nn, VF };
 
 struct Entry {
   Owner owner;
@@ -140,6 +142,8 @@ Entry entries[] = {
     TERRA_METHOD("log_softmax", "aten::log_softmax", "int", Schema, false, false),   // F.log_softmax
     TERRA_METHOD("transpose", "aten::transpose", "int", Schema, false, false),
     TERRA_METHOD("unsqueeze", "aten::unsqueeze", "", Schema, false, false),
+    TERRA_FUNCTION(VF, "dropout", "aten::dropout", "", Schema, false),     // F.dropout, nn.Dropout
+    TERRA_FUNCTION(VF, "gru_cell", "aten::gru_cell", "", Schema, false),   // nn.GRUCell
 };
 
 #undef TERRA_METHOD
@@ -399,10 +403,12 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
   for (size_t i = 0; i < std::size(entries); ++i) {
     Entry& e = entries[i];
     static PyObject* nn = pybind11::module_::import("torch._C._nn").release().ptr();
+    static PyObject* vf = pybind11::object(pybind11::module_::import("torch").attr("_VF")).release().ptr();
     PyObject* owner = e.owner == Owner::Tensor       ? tensor.ptr()
                       : e.owner == Owner::Torch      ? torch_module.ptr()
                       : e.owner == Owner::Functional ? functional.ptr()
-                                                     : nn;
+                      : e.owner == Owner::Nn         ? nn
+                                                     : vf;
     e.original = PyObject_GetAttrString(owner, e.name);  // kept for the process's lifetime
     if (!e.original) throw pybind11::error_already_set();
     e.handle = new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.overload));

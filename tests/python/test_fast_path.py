@@ -32,6 +32,8 @@ def operands():
         "w": torch.nn.Parameter(torch.rand(5, 3, generator=g)),
         "b": torch.nn.Parameter(torch.rand(5, generator=g)),
         "sq": torch.rand(3, 3, generator=g),
+        "w9": torch.rand(9, 3, generator=g) - 0.5,   # a GRU cell's weights, hidden size 3
+        "b9": torch.rand(9, generator=g) - 0.5,
     }
 
 
@@ -112,6 +114,9 @@ VARIANTS.update({
     "transpose, unsqueeze": lambda o: (o["a"].transpose(0, 1), o["a"].transpose(-1, 0) * 2,
                                        o["a"].unsqueeze(0), o["a"].unsqueeze(-1) + 1,
                                        o["ints"].unsqueeze(1).transpose(1, 2)),
+    "dropout, gru_cell (torch._VF)": lambda o: dropout_and_gru_cell(o),
+    "dropout with keywords, F.dropout in place (the original)": lambda o: seeded(lambda: (
+        torch._VF.dropout(o["a"], p=0.5, train=True), F.dropout(o["a"].clone(), 0.5, True, True))),
     "keywords, dtypes, names and bools for ints (the original)": lambda o: (
         o["a"].softmax(dim=1), o["a"].softmax(0, torch.float64), F.gelu(o["a"], approximate="tanh"),
         o["a"].transpose(dim0=0, dim1=1), raises(lambda: o["a"].unsqueeze(True), TypeError), o["a"].log_softmax(1, dtype=torch.float64)),
@@ -121,10 +126,23 @@ VARIANTS.update({
 })
 
 
+def seeded(fn):
+    torch.manual_seed(0)  # the draws, the same in every run
+    return fn()
+
+
+def dropout_and_gru_cell(o):
+    torch.manual_seed(0)  # the draws, the same in every run
+    a, w, b = o["a"], o["w9"], o["b9"]
+    return (F.dropout(a, 0.5), F.dropout(a, 0.2, training=True), F.dropout(a, 0.5, training=False),
+            torch.nn.Dropout(0.3)(a), torch._VF.gru_cell(a, a * 0.5, w, w * 2, b, b),
+            torch._VF.gru_cell(a, a, w, w, None, None))
+
+
 # Variants whose op must take the fast path (and, with it off, the dispatcher route).
 FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int", "embedding": "aten::embedding",
             "cross entropy": "aten::cross_entropy_loss", "softmax, log_softmax, gelu": "aten::softmax.int",
-            "transpose, unsqueeze": "aten::transpose.int"}
+            "transpose, unsqueeze": "aten::transpose.int", "dropout, gru_cell (torch._VF)": "aten::gru_cell"}
 
 
 def dispatched(stats):
