@@ -400,10 +400,10 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
   plain_types[0] = reinterpret_cast<PyTypeObject*>(tensor.ptr());
   plain_types[1] = reinterpret_cast<PyTypeObject*>(
       pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
+  PyObject* nn = pybind11::module_::import("torch._C._nn").release().ptr();  // kept: so are the originals
+  PyObject* vf = pybind11::object(pybind11::module_::import("torch").attr("_VF")).release().ptr();
   for (size_t i = 0; i < std::size(entries); ++i) {
     Entry& e = entries[i];
-    static PyObject* nn = pybind11::module_::import("torch._C._nn").release().ptr();
-    static PyObject* vf = pybind11::object(pybind11::module_::import("torch").attr("_VF")).release().ptr();
     PyObject* owner = e.owner == Owner::Tensor       ? tensor.ptr()
                       : e.owner == Owner::Torch      ? torch_module.ptr()
                       : e.owner == Owner::Functional ? functional.ptr()

@@ -127,19 +127,19 @@ struct BlockStore {
     // choose among the paths (or record theirs).
     bool several = false;
     int unused_dropped = 0;  // paths dropped never replayed: at kMaxPaths, no more are recorded
-    // Every path recorded here so far, dropped ones too (`signature`), and the recordings begun.
-    // While each recording was of a new path, the next one is taken for the program's warm-up
+    // Every path recorded here so far, dropped ones too (`signature`). While each recording was
+    // of a new path, the next one is taken for the program's warm-up
     // (GraphRunner::new_path_iteration); once one was not (a dropped path recorded again, or a
     // refusal), recordings are a recurring cost of co-executing the loop.
     std::set<uint64_t> signatures;
-    size_t recordings = 0;
+    bool recurring = false;
   };
   static constexpr int kMaxRefusals = 3;
   static constexpr int kMaxMisses = 4;
   // rnn_lengths draws 17 lengths (8..24): with 16 blocks per start, the least recently used was
   // recorded again and again (4.4% of its co-executed iterations).
   static constexpr size_t kMaxPaths = 32;
-  static constexpr size_t kMaxSignatures = 1024;
+  static constexpr size_t kMaxSignatures = 1024;  // past it, recordings count as recurring
   static constexpr size_t kMaxEntries = 4096;
   // By the iteration's first item (graph, node, kind) and its second item's node: the branches of
   // a loop that alternates them (a GAN's generator and discriminator steps) mostly begin with the
@@ -570,8 +570,7 @@ void GraphRunner::start_recording(uint64_t graph) {
   b.state = BlockStore::State::Recording;
   // Published at the start: the payoff check reads it once the iteration's items have run,
   // possibly before its end (and the recording's) is.
-  if (b.entry && b.entry->recordings++ == b.entry->signatures.size())
-    new_path_iteration_.store(b.iteration + 1, std::memory_order_release);
+  if (b.entry && !b.entry->recurring) new_path_iteration_.store(b.iteration + 1, std::memory_order_release);
 }
 
 void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
@@ -793,10 +792,13 @@ void GraphRunner::end_iteration() {
         c.not_one_thread = block->not_one_thread;
         c.program_count_kernels = block->program_count_kernels;
       }
-      if (b.entry->signatures.size() < BlockStore::kMaxSignatures) b.entry->signatures.insert(signature(*block));
+      auto& seen = b.entry->signatures;
+      if (seen.size() >= BlockStore::kMaxSignatures || !seen.insert(signature(*block)).second)
+        b.entry->recurring = true;
       b.add_path(std::move(block));
       ++c.recorded;
     } else {
+      b.entry->recurring = true;
       ++b.entry->refusals;
       ++c.refused;
       c.last_refusal = b.recorder->why();
