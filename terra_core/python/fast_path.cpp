@@ -13,6 +13,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -45,10 +47,15 @@ enum class Form {
   Linear,        // (input, weight, bias=None)
   Item,          // (input) -> a Python number: Tensor.item
   Index,         // (input, i) with i a Python int in range: Tensor.__getitem__ as select(0, i)
-  // Positional arguments in the schema's order, each a plain tensor, None for an optional tensor,
-  // or a Python int, float or bool of the schema's type; the schema's defaults for the rest
-  // (schema_args). Keywords, and every other type, go to the original.
+  // Arguments in the schema's order or by their schema names, each a plain tensor, None for an
+  // optional argument, a Python int, float or bool of the schema's type, a Python number for a
+  // Scalar, a tuple or list of Python ints for an int list (or, where the entry takes `varargs`,
+  // the ints themselves: `x.view(b, t, -1)`), a torch.dtype, a str; the schema's defaults for the
+  // rest (schema_args). Every other type goes to the original.
   Schema,
+  // Tensor.to(dtype) and Tensor.to(device), as the binding's dispatch_to calls them: aten::to.dtype,
+  // and aten::to.dtype_layout with the tensor's own dtype and layout. Other forms: the original.
+  To,
 };
 
 // Nn: torch._C._nn; VF: torch._VF (what F.* and the nn modules call: an object whose attributes
@@ -63,6 +70,9 @@ struct Entry {
   Form form;
   bool numbers = false;  // Python numbers are accepted where a tensor goes (as PyTorch's parser does)
   bool dunder = false;   // a binary operator: TypeError becomes NotImplemented
+  // Form::Schema: an int list that is the only positional argument may come as the ints
+  // themselves, as PyTorch's parser takes `view(*size)`.
+  bool varargs = false;
   PyObject* original = nullptr;
   const c10::OperatorHandle* handle = nullptr;
   PyMethodDef def{};
@@ -72,6 +82,7 @@ struct Entry {
   Entry{Owner::Tensor, name, op, ov, Form::form, numbers, dunder}
 #define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
   Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
+#define TERRA_SIZES_METHOD(name, op) Entry{Owner::Tensor, name, op, "", Form::Schema, false, false, true}
 
 Entry entries[] = {
     TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
@@ -144,10 +155,26 @@ Entry entries[] = {
     TERRA_METHOD("unsqueeze", "aten::unsqueeze", "", Schema, false, false),
     TERRA_FUNCTION(VF, "dropout", "aten::dropout", "", Schema, false),     // F.dropout, nn.Dropout
     TERRA_FUNCTION(VF, "gru_cell", "aten::gru_cell", "", Schema, false),   // nn.GRUCell
+    // Session 43: the dispatcher route's most frequent entries in the transformers' steps
+    // (clip_grad_norm_'s `norm.to(device)` per parameter; Hugging Face's `.to(dtype)`, views and
+    // reshapes by sizes, layer norms, causal masks).
+    TERRA_METHOD("to", "aten::to", "dtype_layout", To, false, false),
+    TERRA_SIZES_METHOD("view", "aten::view"),
+    TERRA_SIZES_METHOD("reshape", "aten::reshape"),
+    TERRA_SIZES_METHOD("permute", "aten::permute"),
+    TERRA_SIZES_METHOD("expand", "aten::expand"),
+    TERRA_METHOD("contiguous", "aten::contiguous", "", Schema, false, false),
+    TERRA_METHOD("masked_fill", "aten::masked_fill", "Scalar", Schema, false, false),
+    TERRA_METHOD("__invert__", "aten::bitwise_not", "", Unary, false, false),
+    TERRA_FUNCTION(Torch, "layer_norm", "aten::layer_norm", "", Schema, false),  // F.layer_norm
 };
 
 #undef TERRA_METHOD
 #undef TERRA_FUNCTION
+#undef TERRA_SIZES_METHOD
+
+// Tensor.to(dtype)'s operator (the entry's own is to.dtype_layout, what to(device) calls).
+const c10::OperatorHandle* to_dtype = nullptr;
 
 // torch.Tensor and torch.nn.Parameter: the tensor types without a __torch_function__ of their
 // own (Parameter's is PyTorch's disabled one). Instances of other subclasses take the original.
@@ -200,59 +227,156 @@ bool scalar_arg(PyObject* obj, torch::jit::Stack* stack) {
   return number.has_value();
 }
 
+// An int list argument: a tuple (torch.Size too) or list of Python ints, or, for an `int[N]`
+// argument, one Python int standing for N of them, as PyTorch's parser takes it.
+bool int_list_arg(PyObject* obj, const c10::Argument& a, torch::jit::Stack* stack) {
+  if (const std::optional<int64_t> v = a.N() ? python_int(obj) : std::nullopt) {
+    stack->emplace_back(c10::List<int64_t>(std::vector<int64_t>(*a.N(), *v)));
+    return true;
+  }
+  if (!PyTuple_Check(obj) && !PyList_Check(obj)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  c10::List<int64_t> list;
+  list.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const std::optional<int64_t> v = python_int(items[i]);
+    if (!v) return false;
+    list.push_back(*v);
+  }
+  stack->emplace_back(std::move(list));
+  return true;
+}
+
+// One Python argument of a schema argument's type, or false.
+bool schema_arg(PyObject* obj, const c10::Argument& a, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
+  c10::TypePtr type = a.real_type();
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    if (obj == Py_None) {
+      stack->emplace_back();
+      return true;
+    }
+    type = optional->getElementType();
+  }
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType: return tensor_arg(obj, false, stack, keys);
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: {
+      const std::optional<int64_t> v = python_int(obj);
+      if (v) stack->emplace_back(*v);
+      return v.has_value();
+    }
+    case c10::TypeKind::FloatType:
+      if (PyFloat_CheckExact(obj)) {
+        stack->emplace_back(PyFloat_AS_DOUBLE(obj));
+      } else if (const std::optional<int64_t> v = python_int(obj)) {
+        stack->emplace_back(static_cast<double>(*v));  // as the parser reads an int for a float
+      } else {
+        return false;
+      }
+      return true;
+    case c10::TypeKind::BoolType:
+      if (!PyBool_Check(obj)) return false;
+      stack->emplace_back(obj == Py_True);
+      return true;
+    case c10::TypeKind::NumberType: return scalar_arg(obj, stack);  // a Scalar
+    case c10::TypeKind::ScalarTypeType:
+      if (!THPDtype_Check(obj)) return false;
+      stack->emplace_back(reinterpret_cast<THPDtype*>(obj)->scalar_type);
+      return true;
+    case c10::TypeKind::StringType:
+      if (!PyUnicode_CheckExact(obj)) return false;
+      stack->emplace_back(std::string(PyUnicode_AsUTF8(obj)));
+      return true;
+    case c10::TypeKind::ListType: {
+      const c10::TypeKind element = type->castRaw<c10::ListType>()->getElementType()->kind();
+      return (element == c10::TypeKind::IntType || element == c10::TypeKind::SymIntType) &&
+             int_list_arg(obj, a, stack);
+    }
+    default: return false;
+  }
+}
+
 // Form::Schema: the Python arguments after self (`first` schema arguments are on the stack),
-// each of the type its schema argument takes, then the defaults of those not given.
+// positional ones in the schema's order, keywords by schema name, each of its argument's type,
+// then the defaults of those not given. `varargs`: the ints of an int list that is the only
+// positional argument may come as positional arguments themselves.
 bool schema_args(const c10::FunctionSchema& schema, size_t first, PyObject* const* args, Py_ssize_t nargs,
-                 torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
+                 PyObject* kwnames, bool varargs, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
   const auto& formal = schema.arguments();
+  if (first >= formal.size() && nargs > 0) return false;
+  if (varargs && nargs >= 1 && python_int(args[0]) && formal[first].real_type()->kind() == c10::TypeKind::ListType) {
+    PyObject* sizes = PyTuple_New(nargs);  // the ints as the tuple PyTorch's parser makes of them
+    if (!sizes) {
+      PyErr_Clear();
+      return false;
+    }
+    for (Py_ssize_t k = 0; k < nargs; ++k) {
+      Py_INCREF(args[k]);
+      PyTuple_SET_ITEM(sizes, k, args[k]);
+    }
+    PyObject* const one[] = {sizes};
+    const bool ok = schema_args(schema, first, one, 1, kwnames, false, stack, keys);
+    Py_DECREF(sizes);
+    return ok;
+  }
   if (first + static_cast<size_t>(nargs) > formal.size()) return false;
+  // Keywords by the schema's names (the parser's too, but `input` for a function's self, which is
+  // positional here anyway); a name the schema lacks or one given twice goes to the original.
+  std::array<PyObject*, 16> given{};
+  if (formal.size() > given.size()) return false;
+  for (Py_ssize_t k = 0; k < nargs; ++k) given[first + static_cast<size_t>(k)] = args[k];
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (!name) {
+      PyErr_Clear();
+      return false;
+    }
+    size_t i = first;
+    while (i < formal.size() && formal[i].name() != name) ++i;
+    if (i == formal.size() || given[i]) return false;
+    given[i] = args[nargs + k];
+  }
   for (size_t i = first; i < formal.size(); ++i) {
     const c10::Argument& a = formal[i];
-    const auto k = static_cast<Py_ssize_t>(i - first);
-    if (k >= nargs) {
+    if (!given[i]) {
       if (!a.default_value()) return false;
       stack->push_back(*a.default_value());
-      continue;
-    }
-    if (a.kwarg_only()) return false;
-    PyObject* obj = args[k];
-    c10::TypePtr type = a.real_type();
-    if (auto optional = type->cast<c10::OptionalType>()) {
-      if (obj == Py_None) {
-        stack->emplace_back();
-        continue;
-      }
-      type = optional->getElementType();
-    }
-    switch (type->kind()) {
-      case c10::TypeKind::TensorType:
-        if (!tensor_arg(obj, false, stack, keys)) return false;
-        break;
-      case c10::TypeKind::IntType:
-      case c10::TypeKind::SymIntType: {
-        const std::optional<int64_t> v = python_int(obj);
-        if (!v) return false;
-        stack->emplace_back(*v);
-        break;
-      }
-      case c10::TypeKind::FloatType:
-        if (PyFloat_CheckExact(obj)) {
-          stack->emplace_back(PyFloat_AS_DOUBLE(obj));
-        } else if (const std::optional<int64_t> v = python_int(obj)) {
-          stack->emplace_back(static_cast<double>(*v));  // as the parser reads an int for a float
-        } else {
-          return false;
-        }
-        break;
-      case c10::TypeKind::BoolType:
-        if (!PyBool_Check(obj)) return false;
-        stack->emplace_back(obj == Py_True);
-        break;
-      default:
-        return false;
+    } else if ((i - first < static_cast<size_t>(nargs) && a.kwarg_only()) || !schema_arg(given[i], a, stack, keys)) {
+      return false;
     }
   }
   return true;
+}
+
+// Form::To: `self.to(dtype)` or `self.to(device)` (self is on the stack), as the binding's
+// dispatch_to calls the operator; the operator, or null for every other form.
+const c10::OperatorHandle* to_args(const Entry& e, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                                   torch::jit::Stack* stack) {
+  if (kwnames || nargs != 1) return nullptr;
+  PyObject* a = args[0];
+  if (THPDtype_Check(a)) {  // to.dtype(self, dtype, non_blocking=False, copy=False, memory_format=None)
+    stack->emplace_back(reinterpret_cast<THPDtype*>(a)->scalar_type);
+    stack->emplace_back(false);
+    stack->emplace_back(false);
+    stack->emplace_back();
+    return to_dtype;
+  }
+  if (!THPDevice_Check(a)) return nullptr;
+  const c10::Device device = reinterpret_cast<THPDevice*>(a)->device;
+  if (!device.is_cpu()) return nullptr;  // the binding initializes an accelerator first
+  // to.dtype_layout with self.options().device(device): the tensor's dtype and layout, no
+  // pinned-memory choice, no memory format.
+  const at::Tensor& self = stack->back().toTensor();
+  stack->emplace_back(self.scalar_type());
+  stack->emplace_back(self.layout());
+  stack->emplace_back(device);
+  stack->emplace_back();
+  stack->emplace_back(false);
+  stack->emplace_back(false);
+  stack->emplace_back();
+  return e.handle;
 }
 
 size_t tensors_of(Form form) {
@@ -266,59 +390,63 @@ size_t tensors_of(Form form) {
   }
 }
 
-// The operator's stack for these Python arguments, or false: the original function takes them.
-bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-           PyObject* kwnames, torch::jit::Stack* stack) {
-  if (!PythonRunner::instance().fast_ready() || at::impl::torch_function_mode_enabled()) return false;
+// The operator and its stack for these Python arguments, or null: the original function takes them.
+const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                 PyObject* kwnames, torch::jit::Stack* stack) {
+  if (!PythonRunner::instance().fast_ready() || at::impl::torch_function_mode_enabled()) return nullptr;
   // The one keyword-only Scalar some schemas take after their tensors.
   const char* keyword = e.form == Form::BinaryAlpha ? "alpha" : e.form == Form::Ternary ? "value" : nullptr;
   PyObject* keyword_value = nullptr;
-  if (kwnames) {
+  const c10::OperatorHandle* op = e.handle;
+  if (kwnames && e.form != Form::Schema) {
     if (!keyword || e.dunder || PyTuple_GET_SIZE(kwnames) != 1 ||
         PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), keyword) != 0)
-      return false;
+      return nullptr;
     keyword_value = args[nargs];
   }
   c10::DispatchKeySet keys;
   const bool method = e.owner == Owner::Tensor;
-  if (method && !tensor_arg(self, false, stack, &keys)) return false;
+  if (method && !tensor_arg(self, false, stack, &keys)) return nullptr;
   if (e.form == Form::Linear) {
-    if (nargs != 2 && nargs != 3) return false;
+    if (nargs != 2 && nargs != 3) return nullptr;
     for (Py_ssize_t i = 0; i < 2; ++i)
-      if (!tensor_arg(args[i], false, stack, &keys)) return false;
+      if (!tensor_arg(args[i], false, stack, &keys)) return nullptr;
     if (nargs == 2 || args[2] == Py_None) {
       stack->emplace_back();
     } else if (!tensor_arg(args[2], false, stack, &keys)) {
-      return false;
+      return nullptr;
     }
   } else if (e.form == Form::Schema) {
-    if (kwnames || !schema_args(e.handle->schema(), method ? 1 : 0, args, nargs, stack, &keys)) return false;
+    if (!schema_args(e.handle->schema(), method ? 1 : 0, args, nargs, kwnames, e.varargs, stack, &keys)) return nullptr;
+  } else if (e.form == Form::To) {
+    op = to_args(e, args, nargs, kwnames, stack);
+    if (!op) return nullptr;
   } else if (e.form == Form::Index) {
     // `x[i]` as PyTorch's indexing takes a plain int: select(0, i). Anything else (slices,
     // tuples, tensors, bools, NumPy integers, an index out of range, whose error PyTorch words
     // itself, a 0-dim tensor) goes to the original.
-    if (nargs != 1 || !PyLong_CheckExact(args[0])) return false;
+    if (nargs != 1 || !PyLong_CheckExact(args[0])) return nullptr;
     const std::optional<at::Scalar> index = python_number(args[0]);  // none beyond 64 bits
     const at::Tensor& self_tensor = stack->back().toTensor();
-    if (!index || self_tensor.dim() == 0) return false;
+    if (!index || self_tensor.dim() == 0) return nullptr;
     const int64_t i = index->toLong();
     const int64_t size = self_tensor.size(0);
-    if (i < -size || i >= size) return false;
+    if (i < -size || i >= size) return nullptr;
     stack->emplace_back(static_cast<int64_t>(0));
     stack->emplace_back(i);
   } else {
     const auto tensors = static_cast<Py_ssize_t>(tensors_of(e.form)) - (method ? 1 : 0);
     const Py_ssize_t positional = tensors + (e.form == Form::BinaryWeight ? 1 : 0);
-    if (nargs != positional) return false;
+    if (nargs != positional) return nullptr;
     for (Py_ssize_t i = 0; i < tensors; ++i)
-      if (!tensor_arg(args[i], e.numbers && (method || i > 0), stack, &keys)) return false;
-    if (e.form == Form::BinaryWeight && !scalar_arg(args[tensors], stack)) return false;
+      if (!tensor_arg(args[i], e.numbers && (method || i > 0), stack, &keys)) return nullptr;
+    if (e.form == Form::BinaryWeight && !scalar_arg(args[tensors], stack)) return nullptr;
     if (e.form == Form::UnaryNone) stack->emplace_back();
     if (keyword) {
       if (!keyword_value) {
         stack->emplace_back(int64_t{1});  // the IValue a Scalar 1 makes, without the Scalar
       } else if (!scalar_arg(keyword_value, stack)) {
-        return false;
+        return nullptr;
       }
     }
   }
@@ -329,8 +457,9 @@ bool build(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nar
   // futex-free but contended-line calls per op, about 3% of the program thread on a 1x1 chain.
   const auto local = c10::impl::tls_local_dispatch_key_set();
   const c10::DispatchKeySet effective = (keys | local.included_) - local.excluded_;
-  return effective.highestPriorityTypeId() == PythonRunner::kHookKey &&
-         !at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
+  const bool ours = effective.highestPriorityTypeId() == PythonRunner::kHookKey &&
+                    !at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value();
+  return ours ? op : nullptr;
 }
 
 PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
@@ -351,10 +480,10 @@ PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, P
 
 // The op through the engine, its result as PyTorch's binding returns it (a tensor, or item's
 // Scalar as a Python number: torch::jit::toPyObject); errors raised as the binding raises them.
-PyObject* run(const Entry& e, torch::jit::Stack* stack) {
+PyObject* run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   HANDLE_TH_ERRORS
   PythonRunner& runner = PythonRunner::instance();
-  runner.on_fast(*e.handle, stack);
+  runner.on_fast(op, stack);
   c10::IValue& result = stack->at(0);
   if (!result.isTensor()) return torch::jit::toPyObject(result).release().ptr();
   PyObject* wrapped = THPVariable_Wrap(result.toTensor());
@@ -372,9 +501,8 @@ PyObject* entry_point(PyObject* self, PyObject* const* args, Py_ssize_t nargs, P
   torch::jit::Stack stack = spare ? std::move(*spare) : torch::jit::Stack();  // a nested call finds it empty
   stack.clear();
   stack.reserve(4);
-  PyObject* result = build(e, self, args, nargs, kwnames, &stack)
-                         ? run(e, &stack)
-                         : call_original(e, self, args, nargs, kwnames);
+  const c10::OperatorHandle* op = build(e, self, args, nargs, kwnames, &stack);
+  PyObject* result = op ? run(*op, &stack) : call_original(e, self, args, nargs, kwnames);
   stack.clear();
   if (spare) *spare = std::move(stack);
   if (!result && e.dunder && PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -402,6 +530,7 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
       pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
   PyObject* nn = pybind11::module_::import("torch._C._nn").release().ptr();  // kept: so are the originals
   PyObject* vf = pybind11::object(pybind11::module_::import("torch").attr("_VF")).release().ptr();
+  to_dtype = new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow("aten::to", "dtype"));
   for (size_t i = 0; i < std::size(entries); ++i) {
     Entry& e = entries[i];
     PyObject* owner = e.owner == Owner::Tensor       ? tensor.ptr()

@@ -6,6 +6,7 @@ counters say which route the ops took.
 """
 import operator
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -117,9 +118,39 @@ VARIANTS.update({
     "dropout, gru_cell (torch._VF)": lambda o: dropout_and_gru_cell(o),
     "dropout with keywords, F.dropout in place (the original)": lambda o: seeded(lambda: (
         torch._VF.dropout(o["a"], p=0.5, train=True), F.dropout(o["a"].clone(), 0.5, True, True))),
-    "keywords, dtypes, names and bools for ints (the original)": lambda o: (
+    "keywords by name, dtypes, strings": lambda o: (
         o["a"].softmax(dim=1), o["a"].softmax(0, torch.float64), F.gelu(o["a"], approximate="tanh"),
-        o["a"].transpose(dim0=0, dim1=1), raises(lambda: o["a"].unsqueeze(True), TypeError), o["a"].log_softmax(1, dtype=torch.float64)),
+        o["a"].transpose(dim0=0, dim1=1), o["a"].log_softmax(1, dtype=torch.float64),
+        o["a"].masked_fill(mask=o["a"] > 1, value=0.0), F.layer_norm(o["a"], (3,), eps=1e-3)),
+    "bools for ints, unknown or repeated keywords, NumPy ints (the original)": lambda o: (
+        raises(lambda: o["a"].unsqueeze(True), TypeError), o["a"].softmax(axis=1),
+        raises(lambda: o["a"].transpose(0, dim0=1), TypeError), o["a"].view(np.int64(3), 4),
+        o["a"].reshape((np.int64(2), 6)), raises(lambda: o["a"].permute(True, 0), TypeError)),
+    "views, reshapes, permutes, expands by sizes": lambda o: (
+        o["a"].view(2, 6), o["a"].view((12,)), o["a"].view([3, 4]) + 1, o["a"].view(-1), o["a"].view(o["a"].shape),
+        o["a"].view(torch.Size([2, 2, 3])), o["a"].reshape(3, 4), o["a"].reshape((2, -1)),
+        o["a"].t().reshape(-1), o["ints"].reshape([12]), o["a"].permute(1, 0), o["a"].permute((1, 0)).contiguous(),
+        o["a"].permute([-1, 0]).reshape(3, 4), o["a"].unsqueeze(0).expand(2, 4, 3), o["row"].expand((4, -1)) * 2,
+        o["a"].transpose(0, 1).contiguous(), o["a"].contiguous()),
+    "a view by sizes that does not fit (raises)": lambda o: raises(lambda: o["a"].view(5, 5), RuntimeError),
+    "a view of a dtype, view by a tensor's sizes (the original)": lambda o: (
+        o["a"].view(torch.int32), o["a"].view(torch.tensor(12)), o["a"].view_as(o["a"].t())),
+    "masked_fill, ~mask": lambda o: (
+        o["a"].masked_fill(o["a"] > 1, float("-inf")), o["a"].masked_fill(o["a"] > 1, 0),
+        o["ints"].masked_fill(o["ints"] > 6, 7), o["a"].masked_fill(~(o["a"] > 1), 2.5), ~(o["ints"] > 3),
+        ~o["ints"]),
+    "masked_fill with a tensor value (the original)": lambda o: o["a"].masked_fill(o["a"] > 1, o["a"].sum()),
+    "layer_norm": lambda o: (
+        F.layer_norm(o["a"], (3,), o["row"], o["row"] - 1), F.layer_norm(o["a"], [3]),
+        F.layer_norm(o["a"], o["a"].shape), F.layer_norm(o["a"] * 4, (3,), None, o["row"], 1e-3),
+        torch.nn.functional.layer_norm(o["ints"].float(), (4, 3))),
+    "to(dtype), to(device)": lambda o: (
+        o["a"].to(torch.float64), o["a"].to(torch.float32) * 1, o["ints"].to(torch.float32) / 2,
+        o["a"].to(torch.device("cpu")) + 1, o["a"].to(torch.float32) is o["a"],
+        o["a"].to(torch.device("cpu")) is o["a"], o["w"].to(torch.float64).sum()),
+    "to(other forms) (the original)": lambda o: (
+        o["a"].to("cpu"), o["a"].to(o["ints"]), o["a"].to(torch.float64, copy=True), o["a"].to("cpu", torch.float64),
+        o["a"].to(dtype=torch.float16), o["a"].to(torch.device("cpu"), non_blocking=False)),
     "transpose out of range (raises)": lambda o: raises(lambda: o["a"].transpose(0, 2), IndexError),
     "autograd through the fast path": lambda o: backward_then_grads(
         (F.linear(o["a"], o["w"], o["b"]).tanh() * 2 + 1).sum(), o["w"], o["b"]),
@@ -142,7 +173,10 @@ def dropout_and_gru_cell(o):
 # Variants whose op must take the fast path (and, with it off, the dispatcher route).
 FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int", "embedding": "aten::embedding",
             "cross entropy": "aten::cross_entropy_loss", "softmax, log_softmax, gelu": "aten::softmax.int",
-            "transpose, unsqueeze": "aten::transpose.int", "dropout, gru_cell (torch._VF)": "aten::gru_cell"}
+            "transpose, unsqueeze": "aten::transpose.int", "dropout, gru_cell (torch._VF)": "aten::gru_cell",
+            "views, reshapes, permutes, expands by sizes": "aten::view", "masked_fill, ~mask": "aten::masked_fill.Scalar",
+            "layer_norm": "aten::layer_norm", "to(dtype), to(device)": "aten::to.dtype_layout",
+            "keywords by name, dtypes, strings": "aten::softmax.int"}
 
 
 def dispatched(stats):
