@@ -56,6 +56,8 @@ enum class Form {
   // Tensor.to(dtype) and Tensor.to(device), as the binding's dispatch_to calls them: aten::to.dtype,
   // and aten::to.dtype_layout with the tensor's own dtype and layout. Other forms: the original.
   To,
+  // Tensor.float(): to.dtype(self, float32), as the binding calls it.
+  Float,
 };
 
 // Nn: torch._C._nn; VF: torch._VF (what F.* and the nn modules call: an object whose attributes
@@ -73,6 +75,10 @@ struct Entry {
   // Form::Schema: an int list that is the only positional argument may come as the ints
   // themselves, as PyTorch's parser takes `view(*size)`.
   bool varargs = false;
+  // Form::UnaryNone: the overload that takes arguments (sum.dim_IntList), called by the schema form
+  // when any are given (`x.sum(-1, keepdim=True)`).
+  const char* with_arguments = nullptr;
+  const c10::OperatorHandle* with_arguments_handle = nullptr;
   PyObject* original = nullptr;
   const c10::OperatorHandle* handle = nullptr;
   PyMethodDef def{};
@@ -83,6 +89,7 @@ struct Entry {
 #define TERRA_FUNCTION(owner, name, op, ov, form, numbers) \
   Entry{Owner::owner, name, op, ov, Form::form, numbers, false}
 #define TERRA_SIZES_METHOD(name, op) Entry{Owner::Tensor, name, op, "", Form::Schema, false, false, true}
+#define TERRA_REDUCTION(owner, name, op, dims) Entry{Owner::owner, name, op, "", Form::UnaryNone, false, false, false, dims}
 
 Entry entries[] = {
     TERRA_METHOD("__add__", "aten::add", "Tensor", BinaryAlpha, true, true),
@@ -117,8 +124,8 @@ Entry entries[] = {
     TERRA_METHOD("t", "aten::t", "", Unary, false, false),
     TERRA_METHOD("detach", "aten::detach", "", Unary, false, false),
     TERRA_METHOD("zero_", "aten::zero_", "", Unary, false, false),
-    TERRA_METHOD("sum", "aten::sum", "", UnaryNone, false, false),
-    TERRA_METHOD("mean", "aten::mean", "", UnaryNone, false, false),
+    TERRA_REDUCTION(Tensor, "sum", "aten::sum", "dim_IntList"),
+    TERRA_REDUCTION(Tensor, "mean", "aten::mean", "dim"),
     TERRA_METHOD("clone", "aten::clone", "", UnaryNone, false, false),
     TERRA_METHOD("lerp", "aten::lerp", "Scalar", BinaryWeight, false, false),
     TERRA_METHOD("lerp_", "aten::lerp_", "Scalar", BinaryWeight, false, false),
@@ -135,8 +142,8 @@ Entry entries[] = {
     TERRA_FUNCTION(Torch, "sqrt", "aten::sqrt", "", Unary, false),
     TERRA_FUNCTION(Torch, "abs", "aten::abs", "", Unary, false),
     TERRA_FUNCTION(Torch, "neg", "aten::neg", "", Unary, false),
-    TERRA_FUNCTION(Torch, "sum", "aten::sum", "", UnaryNone, false),
-    TERRA_FUNCTION(Torch, "mean", "aten::mean", "", UnaryNone, false),
+    TERRA_REDUCTION(Torch, "sum", "aten::sum", "dim_IntList"),
+    TERRA_REDUCTION(Torch, "mean", "aten::mean", "dim"),
     TERRA_FUNCTION(Torch, "add", "aten::add", "Tensor", BinaryAlpha, true),
     TERRA_FUNCTION(Torch, "sub", "aten::sub", "Tensor", BinaryAlpha, true),
     TERRA_FUNCTION(Torch, "mul", "aten::mul", "Tensor", Binary, true),
@@ -159,6 +166,7 @@ Entry entries[] = {
     // (clip_grad_norm_'s `norm.to(device)` per parameter; Hugging Face's `.to(dtype)`, views and
     // reshapes by sizes, layer norms, causal masks).
     TERRA_METHOD("to", "aten::to", "dtype_layout", To, false, false),
+    TERRA_METHOD("float", "aten::to", "dtype", Float, false, false),
     TERRA_SIZES_METHOD("view", "aten::view"),
     TERRA_SIZES_METHOD("reshape", "aten::reshape"),
     TERRA_SIZES_METHOD("permute", "aten::permute"),
@@ -167,11 +175,17 @@ Entry entries[] = {
     TERRA_METHOD("masked_fill", "aten::masked_fill", "Scalar", Schema, false, false),
     TERRA_METHOD("__invert__", "aten::bitwise_not", "", Unary, false, false),
     TERRA_FUNCTION(Torch, "layer_norm", "aten::layer_norm", "", Schema, false),  // F.layer_norm
+    TERRA_METHOD("pow", "aten::pow", "Tensor_Scalar", Schema, false, false),   // RMSNorm's x.pow(2)
+    TERRA_METHOD("rsqrt", "aten::rsqrt", "", Unary, false, false),
+    TERRA_FUNCTION(Torch, "rsqrt", "aten::rsqrt", "", Unary, false),
+    TERRA_FUNCTION(Torch, "cat", "aten::cat", "", Schema, false),             // rotary embeddings, caches
+    TERRA_FUNCTION(Torch, "addmm", "aten::addmm", "", Schema, false),         // GPT-2's Conv1D
 };
 
 #undef TERRA_METHOD
 #undef TERRA_FUNCTION
 #undef TERRA_SIZES_METHOD
+#undef TERRA_REDUCTION
 
 // Tensor.to(dtype)'s operator (the entry's own is to.dtype_layout, what to(device) calls).
 const c10::OperatorHandle* to_dtype = nullptr;
@@ -248,6 +262,24 @@ bool int_list_arg(PyObject* obj, const c10::Argument& a, torch::jit::Stack* stac
   return true;
 }
 
+// A Tensor[] argument: a tuple or list of plain tensors.
+bool tensor_list_arg(PyObject* obj, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
+  if (!PyTuple_Check(obj) && !PyList_Check(obj)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  c10::List<at::Tensor> list;
+  list.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = items[i];
+    if (Py_TYPE(item) != plain_types[0] && Py_TYPE(item) != plain_types[1]) return false;
+    const at::Tensor& t = THPVariable_Unpack(item);
+    *keys = *keys | t.key_set();
+    list.push_back(t);
+  }
+  stack->emplace_back(std::move(list));
+  return true;
+}
+
 // One Python argument of a schema argument's type, or false.
 bool schema_arg(PyObject* obj, const c10::Argument& a, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
   c10::TypePtr type = a.real_type();
@@ -290,6 +322,7 @@ bool schema_arg(PyObject* obj, const c10::Argument& a, torch::jit::Stack* stack,
       return true;
     case c10::TypeKind::ListType: {
       const c10::TypeKind element = type->castRaw<c10::ListType>()->getElementType()->kind();
+      if (element == c10::TypeKind::TensorType) return tensor_list_arg(obj, stack, keys);
       return (element == c10::TypeKind::IntType || element == c10::TypeKind::SymIntType) &&
              int_list_arg(obj, a, stack);
     }
@@ -350,19 +383,22 @@ bool schema_args(const c10::FunctionSchema& schema, size_t first, PyObject* cons
   return true;
 }
 
+// to.dtype(self, dtype, non_blocking=False, copy=False, memory_format=None), self on the stack.
+const c10::OperatorHandle* to_dtype_args(c10::ScalarType dtype, torch::jit::Stack* stack) {
+  stack->emplace_back(dtype);
+  stack->emplace_back(false);
+  stack->emplace_back(false);
+  stack->emplace_back();
+  return to_dtype;
+}
+
 // Form::To: `self.to(dtype)` or `self.to(device)` (self is on the stack), as the binding's
 // dispatch_to calls the operator; the operator, or null for every other form.
 const c10::OperatorHandle* to_args(const Entry& e, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                                    torch::jit::Stack* stack) {
   if (kwnames || nargs != 1) return nullptr;
   PyObject* a = args[0];
-  if (THPDtype_Check(a)) {  // to.dtype(self, dtype, non_blocking=False, copy=False, memory_format=None)
-    stack->emplace_back(reinterpret_cast<THPDtype*>(a)->scalar_type);
-    stack->emplace_back(false);
-    stack->emplace_back(false);
-    stack->emplace_back();
-    return to_dtype;
-  }
+  if (THPDtype_Check(a)) return to_dtype_args(reinterpret_cast<THPDtype*>(a)->scalar_type, stack);
   if (!THPDevice_Check(a)) return nullptr;
   const c10::Device device = reinterpret_cast<THPDevice*>(a)->device;
   if (!device.is_cpu()) return nullptr;  // the binding initializes an accelerator first
@@ -398,7 +434,7 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
   const char* keyword = e.form == Form::BinaryAlpha ? "alpha" : e.form == Form::Ternary ? "value" : nullptr;
   PyObject* keyword_value = nullptr;
   const c10::OperatorHandle* op = e.handle;
-  if (kwnames && e.form != Form::Schema) {
+  if (kwnames && e.form != Form::Schema && !e.with_arguments_handle) {
     if (!keyword || e.dunder || PyTuple_GET_SIZE(kwnames) != 1 ||
         PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), keyword) != 0)
       return nullptr;
@@ -416,11 +452,15 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
     } else if (!tensor_arg(args[2], false, stack, &keys)) {
       return nullptr;
     }
-  } else if (e.form == Form::Schema) {
-    if (!schema_args(e.handle->schema(), method ? 1 : 0, args, nargs, kwnames, e.varargs, stack, &keys)) return nullptr;
+  } else if (e.form == Form::Schema || (e.with_arguments_handle && (nargs > (method ? 0 : 1) || kwnames))) {
+    if (e.form != Form::Schema) op = e.with_arguments_handle;
+    if (!schema_args(op->schema(), method ? 1 : 0, args, nargs, kwnames, e.varargs, stack, &keys)) return nullptr;
   } else if (e.form == Form::To) {
     op = to_args(e, args, nargs, kwnames, stack);
     if (!op) return nullptr;
+  } else if (e.form == Form::Float) {
+    if (nargs != 0) return nullptr;
+    op = to_dtype_args(c10::ScalarType::Float, stack);
   } else if (e.form == Form::Index) {
     // `x[i]` as PyTorch's indexing takes a plain int: select(0, i). Anything else (slices,
     // tuples, tensors, bools, NumPy integers, an index out of range, whose error PyTorch words
@@ -541,6 +581,9 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
     e.original = PyObject_GetAttrString(owner, e.name);  // kept for the process's lifetime
     if (!e.original) throw pybind11::error_already_set();
     e.handle = new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.overload));
+    if (e.with_arguments)
+      e.with_arguments_handle =
+          new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.with_arguments));
     e.def = PyMethodDef{e.name, entry_points[i], METH_FASTCALL | METH_KEYWORDS, nullptr};
     PyObject* doc = PyObject_GetAttrString(e.original, "__doc__");
     if (doc && PyUnicode_Check(doc)) e.def.ml_doc = PyUnicode_AsUTF8(doc);  // kept alive below

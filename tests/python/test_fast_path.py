@@ -144,13 +144,33 @@ VARIANTS.update({
         F.layer_norm(o["a"], (3,), o["row"], o["row"] - 1), F.layer_norm(o["a"], [3]),
         F.layer_norm(o["a"], o["a"].shape), F.layer_norm(o["a"] * 4, (3,), None, o["row"], 1e-3),
         torch.nn.functional.layer_norm(o["ints"].float(), (4, 3))),
+    "sum, mean over dims": lambda o: (
+        o["a"].sum(0), o["a"].sum(-1, keepdim=True), o["a"].mean(1), o["a"].mean(-1, True), o["a"].sum((0, 1)),
+        o["a"].mean(dim=[0]), torch.sum(o["a"], 1), torch.mean(o["a"], -1, keepdim=True), o["ints"].sum(0),
+        o["a"].sum(1, dtype=torch.float64), o["a"].sum(), torch.sum(o["a"]), o["a"].mean(None)),
+    "sum of ints to floats, mean of ints (raises)": lambda o: raises(lambda: o["ints"].mean(0), RuntimeError),
+    "sum, mean by dim names, dtype alone (the original)": lambda o: (
+        o["a"].sum(dtype=torch.float64), o["a"].sum(axis=0), torch.sum(input=o["a"], dim=0)),
+    "pow, rsqrt (RMSNorm)": lambda o: (
+        o["a"].pow(2), o["a"].pow(0.5), o["ints"].pow(2), o["a"].rsqrt(), torch.rsqrt(o["a"] + 1e-6),
+        o["a"] * torch.rsqrt(o["a"].pow(2).mean(-1, keepdim=True) + 1e-6)),
+    "pow with a tensor exponent (the original)": lambda o: o["a"].pow(o["row"]),
+    "cat": lambda o: (
+        torch.cat((o["a"], o["a"] * 2)), torch.cat([o["a"], o["a"]], 1), torch.cat((-o["a"][:, 1:], o["a"][:, :1]), dim=-1),
+        torch.cat([o["a"]]), torch.cat((o["ints"], o["a"]), 0)),
+    "cat of a list with a number (raises)": lambda o: raises(lambda: torch.cat([o["a"], 1]), TypeError),
+    "addmm": lambda o: (
+        torch.addmm(o["row"], o["a"], o["sq"]), torch.addmm(o["b"], o["a"], o["w"].t()), torch.addmm(o["a"], o["a"], o["sq"])),
+    "addmm with beta and alpha (scalars by name)": lambda o: torch.addmm(o["row"], o["a"], o["sq"], beta=0.5, alpha=2),
     "to(dtype), to(device)": lambda o: (
         o["a"].to(torch.float64), o["a"].to(torch.float32) * 1, o["ints"].to(torch.float32) / 2,
         o["a"].to(torch.device("cpu")) + 1, o["a"].to(torch.float32) is o["a"],
-        o["a"].to(torch.device("cpu")) is o["a"], o["w"].to(torch.float64).sum()),
+        o["a"].to(torch.device("cpu")) is o["a"], o["w"].to(torch.float64).sum(), o["ints"].float(),
+        o["a"].float() is o["a"], o["a"].double().float() * 3),
     "to(other forms) (the original)": lambda o: (
         o["a"].to("cpu"), o["a"].to(o["ints"]), o["a"].to(torch.float64, copy=True), o["a"].to("cpu", torch.float64),
-        o["a"].to(dtype=torch.float16), o["a"].to(torch.device("cpu"), non_blocking=False)),
+        o["a"].to(dtype=torch.float16), o["a"].to(torch.device("cpu"), non_blocking=False),
+        o["ints"].float(memory_format=torch.contiguous_format)),
     "transpose out of range (raises)": lambda o: raises(lambda: o["a"].transpose(0, 2), IndexError),
     "autograd through the fast path": lambda o: backward_then_grads(
         (F.linear(o["a"], o["w"], o["b"]).tanh() * 2 + 1).sum(), o["w"], o["b"]),
@@ -176,7 +196,8 @@ FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int", "embedding": "aten
             "transpose, unsqueeze": "aten::transpose.int", "dropout, gru_cell (torch._VF)": "aten::gru_cell",
             "views, reshapes, permutes, expands by sizes": "aten::view", "masked_fill, ~mask": "aten::masked_fill.Scalar",
             "layer_norm": "aten::layer_norm", "to(dtype), to(device)": "aten::to.dtype_layout",
-            "keywords by name, dtypes, strings": "aten::softmax.int"}
+            "keywords by name, dtypes, strings": "aten::softmax.int", "sum, mean over dims": "aten::mean.dim",
+            "pow, rsqrt (RMSNorm)": "aten::rsqrt", "cat": "aten::cat", "addmm": "aten::addmm"}
 
 
 def dispatched(stats):
