@@ -2,8 +2,8 @@
 // entry points of PyTorch (Tensor arithmetic and a few functions) are replaced by C functions
 // that, during co-execution, build the operator's argument stack themselves and hand it straight
 // to the PythonRunner, skipping PyTorch's argument parser, its GIL release and the dispatcher's
-// trip to Terra's fallback. Whatever they do not recognise exactly (keywords, other argument
-// types, subclasses with __torch_function__, modes, profiler callbacks, keys above Terra's, a
+// trip to Terra's fallback. Whatever they do not recognise exactly (keywords they do not parse,
+// other argument types, subclasses with __torch_function__, modes, profiler callbacks, keys above Terra's, a
 // thread or a moment Terra does not intercept) they pass to the original function, untouched,
 // which takes the dispatcher route: the fast path changes where an op enters the engine, never
 // what the engine does with it.
