@@ -35,7 +35,35 @@ void note_no_draw_arguments(const c10::OperatorHandle& op, OpTemplate& t) {
   t.random_cpu_only = attention;
 }
 
+// Ops that update batch-norm running statistics in place though their schemas do not mark those
+// arguments written (`Tensor? running_mean`, not `Tensor(a!)?`): the composites F.batch_norm and
+// F.instance_norm call, the backend ops below them, and the statistics updates SyncBatchNorm
+// calls. Unmarked, a running mean the program made itself (`torch.zeros(c)`) stayed its own, so a
+// small op on it after a training batch_norm (`m.clone()`) ran in the program thread before the
+// GraphRunner's update; the arguments are found by name, so any overload counts.
+uint32_t statistics_writes(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.operator_name().name;
+  static const char* const kStatistics[] = {"aten::batch_norm", "aten::instance_norm", "aten::_batch_norm_impl_index",
+                                            "aten::native_batch_norm", "aten::cudnn_batch_norm",
+                                            "aten::miopen_batch_norm", "aten::batch_norm_update_stats",
+                                            "aten::batch_norm_gather_stats",
+                                            "aten::batch_norm_gather_stats_with_counts"};
+  if (std::find(std::begin(kStatistics), std::end(kStatistics), name) == std::end(kStatistics)) return 0;
+  const auto& arguments = schema.arguments();
+  uint32_t bits = 0;
+  for (size_t i = 0; i < arguments.size() && i < 32; ++i)
+    if (arguments[i].name() == "running_mean" || arguments[i].name() == "running_var") bits |= 1u << i;
+  return bits;
+}
+
 }  // namespace
+
+bool OpTemplate::writes_arg(size_t i) const {
+  if (i < 32 && (unannotated_writes >> i & 1u)) return true;
+  if (!op) return false;
+  const auto& arguments = op->schema().arguments();
+  return i < arguments.size() && arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+}
 
 bool OpTemplate::draws(const std::vector<c10::IValue>& args) const {
   if (!random) return false;
@@ -287,6 +315,8 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   if (schema) {
     for (const auto& arg : schema->arguments())
       if (arg.alias_info() && arg.alias_info()->isWrite()) t.mutates_input = true;
+    t.unannotated_writes = statistics_writes(*schema);
+    t.mutates_input = t.mutates_input || t.unannotated_writes != 0;
     bool tensor_returns = true;
     for (const auto& r : schema->returns()) {
       auto k = r.type()->kind();

@@ -80,6 +80,11 @@ struct OpTemplate {
   AutocastState autocast;           // thread_state.h
   GlobalState global;               // thread_state.h
   bool mutates_input = false;       // some argument is written (in-place / out=)
+  // Arguments the op writes though its schema does not mark them (bit i: argument i):
+  // batch_norm's and instance_norm's running statistics (statistics_writes in op_template.cpp).
+  uint32_t unannotated_writes = 0;
+  // Whether the op writes argument `i`: its schema says so, or unannotated_writes does.
+  bool writes_arg(size_t i) const;
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)
   // For the random ops that draw nothing at a probability of 0 or outside training (dropout and

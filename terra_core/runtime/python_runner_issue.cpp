@@ -168,7 +168,7 @@ void PythonRunner::note_writes(uint32_t node_id, const OpTemplate& t, const torc
   const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
-    const bool writes = t.mutates_input && info && info->isWrite();
+    const bool writes = t.mutates_input && ((info && info->isWrite()) || (i < 32 && (t.unannotated_writes >> i & 1u)));
     // Host scalars inside tensor lists count too: `_foreach_add_(state_steps, 1)` writes
     // Adam's `step` tensors, which the optimizer then reads with `.item()`.
     for_each_tensor(args[i], [&](const at::Tensor& x) {
@@ -477,8 +477,7 @@ void PythonRunner::run_fetch(const OpTemplate& t, torch::jit::Stack* stack, cons
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor() && program_only(v.toTensor(), *stack, is_returned(v.toTensor()))) continue;
     need = std::max(need, needed_seq(v));
-    const auto* info = alias_info(t, i);
-    writes_shared = writes_shared || !t.op || (info && info->isWrite());
+    writes_shared = writes_shared || !t.op || t.writes_arg(i);
   }
   if (t.mutates_input && writes_shared) need = runner().issued();
   wait_for(need, t.name);

@@ -2053,3 +2053,32 @@ def test_warnings_of_ops_run_by_the_graph_runner_are_python_warnings(capfd):
     told = [f for f in terra.explain("resized_out_each_step") if "raised a warning" in f["reason"]]
     assert len(told) == 1 and told[0]["op"].startswith("aten::add"), terra.explain("resized_out_each_step")
     assert told[0]["where"][2] == "resized_out_each_step", told
+
+
+def batch_norm_statistics_program(steps=12):
+    """Running statistics that batch_norm and instance_norm update in place (their schemas do not
+    mark those arguments written), read by the program right after: a clone of statistics the
+    program made itself, a module's buffers read from Python, an eval pass on clones."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 5, 5, generator=g)
+    bn = torch.nn.BatchNorm2d(3)
+    out = []
+    for _ in range(steps):
+        mean, var = torch.zeros(3), torch.ones(3)
+        y = torch.nn.functional.batch_norm(x, mean, var, None, None, True, 0.1, 1e-5)
+        evaluated = torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), training=False)
+        z = bn(x * 2)
+        seen = bn.running_mean.tolist() + bn.running_var.tolist()
+        im, iv = torch.zeros(3), torch.ones(3)
+        w = torch.nn.functional.instance_norm(x, im, iv, use_input_stats=True)
+        out.append((y, evaluated, mean.clone(), var.clone(), z, torch.tensor(seen), im.clone(), iv * 1, w))
+    return out
+
+
+def test_running_statistics_written_by_batch_norm_are_read_after_the_update():
+    eager = batch_norm_statistics_program()
+    coexecuted = terra.run(batch_norm_statistics_program)
+    assert terra.stats("batch_norm_statistics_program")["iterations_coexecuted"] >= 6
+    for k, (a, b) in enumerate(zip(eager, coexecuted)):
+        for i, (p, q) in enumerate(zip(a, b)):
+            assert torch.equal(p, q), (k, i)
