@@ -180,6 +180,14 @@ Entry entries[] = {
     TERRA_FUNCTION(Torch, "rsqrt", "aten::rsqrt", "", Unary, false),
     TERRA_FUNCTION(Torch, "cat", "aten::cat", "", Schema, false),             // rotary embeddings, caches
     TERRA_FUNCTION(Torch, "addmm", "aten::addmm", "", Schema, false),         // GPT-2's Conv1D
+    // and the convolution programs' (nn.Conv2d, nn.BatchNorm2d, pooling, flatten).
+    TERRA_FUNCTION(Functional, "conv2d", "aten::conv2d", "", Schema, false),  // F.conv2d is torch.conv2d
+    TERRA_FUNCTION(Torch, "conv2d", "aten::conv2d", "", Schema, false),
+    TERRA_FUNCTION(Torch, "batch_norm", "aten::batch_norm", "", Schema, false),  // F.batch_norm
+    TERRA_FUNCTION(Torch, "max_pool2d", "aten::max_pool2d", "", Schema, false),  // F.max_pool2d
+    TERRA_FUNCTION(Nn, "adaptive_avg_pool2d", "aten::adaptive_avg_pool2d", "", Schema, false),
+    TERRA_FUNCTION(Torch, "flatten", "aten::flatten", "using_ints", Schema, false),
+    TERRA_METHOD("flatten", "aten::flatten", "using_ints", Schema, false, false),
 };
 
 #undef TERRA_METHOD

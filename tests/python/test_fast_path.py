@@ -162,6 +162,9 @@ VARIANTS.update({
     "addmm": lambda o: (
         torch.addmm(o["row"], o["a"], o["sq"]), torch.addmm(o["b"], o["a"], o["w"].t()), torch.addmm(o["a"], o["a"], o["sq"])),
     "addmm with beta and alpha (scalars by name)": lambda o: torch.addmm(o["row"], o["a"], o["sq"], beta=0.5, alpha=2),
+    "conv2d, batch_norm, pooling, flatten": lambda o: conv_ops(o),
+    "conv2d with padding by name (the original)": lambda o: F.conv2d(o["a"].reshape(1, 1, 4, 3), o["sq"].reshape(1, 1, 3, 3),
+                                                                     padding="same"),
     "to(dtype), to(device)": lambda o: (
         o["a"].to(torch.float64), o["a"].to(torch.float32) * 1, o["ints"].to(torch.float32) / 2,
         o["a"].to(torch.device("cpu")) + 1, o["a"].to(torch.float32) is o["a"],
@@ -182,6 +185,19 @@ def seeded(fn):
     return fn()
 
 
+def conv_ops(o):
+    x = (o["a"] - 1).reshape(1, 1, 4, 3).expand(2, 3, 4, 3).contiguous()
+    w = o["w9"].reshape(1, 3, 3, 3).expand(4, 3, 3, 3).contiguous()
+    bn_mean, bn_var = torch.zeros(4), torch.ones(4)
+    y = F.conv2d(x, w, o["row"].repeat(2)[:4], 1, 1)
+    z = F.batch_norm(y, bn_mean, bn_var, o["row"].repeat(2)[:4], None, True, 0.1, 1e-5)
+    pooled = F.max_pool2d(F.relu(z), 2)
+    return (y, z, bn_mean, bn_var, pooled, F.conv2d(x, w, None, (1, 2), (0, 1), 1, 1), torch.conv2d(x, w),
+            F.batch_norm(y, bn_mean.clone(), bn_var.clone(), training=False), F.max_pool2d(z, (2, 3), 1),
+            F.max_pool2d(z, 2, ceil_mode=True), F.adaptive_avg_pool2d(z, 1), F.adaptive_avg_pool2d(z, (2, 1)),
+            torch.flatten(z, 1), z.flatten(), z.flatten(1, 2), torch.nn.Conv2d(3, 2, 3)(x).shape)
+
+
 def dropout_and_gru_cell(o):
     torch.manual_seed(0)  # the draws, the same in every run
     a, w, b = o["a"], o["w9"], o["b9"]
@@ -197,7 +213,8 @@ FAST_OPS = {"item": "aten::item", "x[i]": "aten::select.int", "embedding": "aten
             "views, reshapes, permutes, expands by sizes": "aten::view", "masked_fill, ~mask": "aten::masked_fill.Scalar",
             "layer_norm": "aten::layer_norm", "to(dtype), to(device)": "aten::to.dtype_layout",
             "keywords by name, dtypes, strings": "aten::softmax.int", "sum, mean over dims": "aten::mean.dim",
-            "pow, rsqrt (RMSNorm)": "aten::rsqrt", "cat": "aten::cat", "addmm": "aten::addmm"}
+            "pow, rsqrt (RMSNorm)": "aten::rsqrt", "cat": "aten::cat", "addmm": "aten::addmm",
+            "conv2d, batch_norm, pooling, flatten": "aten::conv2d"}
 
 
 def dispatched(stats):
