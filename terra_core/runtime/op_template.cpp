@@ -122,10 +122,14 @@ bool tensor_matches(const TensorMeta& m, bool wrapped, const at::Tensor& t) {
   return !t.unsafeGetTensorImpl()->is_wrapped_number() && matches(m, t);
 }
 
+// An element of a `Tensor?[]` list that holds a tensor: PyTorch's indexing boxes the dims it does
+// not index (`d[:, idx]`) as undefined tensors, other callers as None.
+bool defined_tensor(const c10::IValue& e) { return e.isTensor() && e.toTensor().defined(); }
+
 bool has_bool_index(const c10::IValue& v) {
   if (!v.isList()) return false;
   for (const c10::IValue& e : v.toList())
-    if (e.isTensor() && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
+    if (defined_tensor(e) && (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte))
       return true;
   return false;
 }
@@ -279,10 +283,11 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
     } else if (v.isTensorList() || (!v.isNone() && is_optional_tensor_list(v))) {
       a.kind = Kind::TensorList;
       for (const c10::IValue& e : v.toList()) {
-        a.present.push_back(e.isTensor());
-        a.metas.push_back(e.isTensor() ? meta_of(e.toTensor()) : TensorMeta{});
-        a.wrapped.push_back(e.isTensor() && e.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
-        any_tensor = any_tensor || e.isTensor();
+        const bool present = defined_tensor(e);
+        a.present.push_back(present);
+        a.metas.push_back(present ? meta_of(e.toTensor()) : TensorMeta{});
+        a.wrapped.push_back(present && e.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
+        any_tensor = any_tensor || present;
       }
     } else if (!v.isNone() && number_kind(v) != 0 &&
                (schema ? i < schema->arguments().size() &&
@@ -486,7 +491,7 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
           for (size_t k = 0; ok && k < a.metas.size(); ++k) {
             const c10::IValue& e = list.get(k);
             ok = a.present[k] ? e.isTensor() && tensor_matches(a.metas[k], a.wrapped[k], e.toTensor())
-                              : e.isNone();
+                              : !defined_tensor(e) && (e.isNone() || e.isTensor());
             if (!ok) bad = static_cast<int64_t>(k);
           }
         }
@@ -498,7 +503,7 @@ bool OpTemplate::matches(const torch::jit::Stack& call, std::string* why) const 
             const auto k = static_cast<size_t>(bad);
             const c10::IValue e = v.toList().get(k);
             *why += ": element " + std::to_string(k) + " is " +
-                    (e.isTensor() ? describe(meta_of(e.toTensor())) : std::string("not a tensor")) +
+                    (defined_tensor(e) ? describe(meta_of(e.toTensor())) : std::string("not a tensor")) +
                     ", traced as " + (a.present[k] ? describe(a.metas[k]) : std::string("None"));
           }
         }

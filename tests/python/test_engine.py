@@ -2082,3 +2082,34 @@ def test_running_statistics_written_by_batch_norm_are_read_after_the_update():
     for k, (a, b) in enumerate(zip(eager, coexecuted)):
         for i, (p, q) in enumerate(zip(a, b)):
             assert torch.equal(p, q), (k, i)
+
+
+def tensor_index_beside_slices_program(steps=10):
+    """Advanced indexing beside full slices and an ellipsis (`d[:, idx]`): PyTorch boxes the dims
+    it does not index as undefined tensors in the `Tensor?[]` list, which tracing once read as
+    tensors ("strides() called on an undefined Tensor"); reads, writes and gradients through them."""
+    torch.manual_seed(0)
+    w = torch.randn(5, 5, requires_grad=True)
+    acc = torch.zeros(5, 5)
+    out = []
+    for i in range(steps):
+        d = w * (i + 1)
+        idx = torch.tensor([i % 5, (i + 2) % 5])
+        a, b, c, e = d[:, idx], d[..., idx], d[idx, :][:, idx], d[1:, idx]
+        acc[:, idx] = acc[:, idx] + 1
+        acc[idx, 1:] *= 0.5
+        (a.sum() + b.pow(2).sum() + c.sum() + e.sum()).backward()
+        with torch.no_grad():
+            w -= 0.01 * w.grad
+            w.grad = None
+        out.append((a.detach().clone(), b.detach().clone(), c.detach().clone(), acc.clone(), w.detach().clone()))
+    return out
+
+
+def test_tensor_indices_beside_full_slices_run_as_in_eager():
+    eager = tensor_index_beside_slices_program()
+    coexecuted = terra.run(tensor_index_beside_slices_program)
+    assert terra.stats("tensor_index_beside_slices_program")["iterations_coexecuted"] >= 5
+    for k, (a, b) in enumerate(zip(eager, coexecuted)):
+        for i, (p, q) in enumerate(zip(a, b)):
+            assert torch.equal(p, q), (k, i)

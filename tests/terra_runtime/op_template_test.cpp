@@ -115,6 +115,42 @@ TEST(OpTemplate, InPlaceOpsReturnTheirArgument) {
   EXPECT_EQ(v.outs[0].alias_arg, -1);
 }
 
+// `d[:, idx]`: PyTorch's indexing boxes the dims it does not index as undefined tensors in the
+// `Tensor?[]` list (other callers as None); both are absent elements, validated as such.
+TEST(OpTemplate, UndefinedTensorsInOptionalTensorListsAreAbsentElements) {
+  const auto index = op("aten::index", "Tensor");
+  auto indices = [](c10::IValue first, const at::Tensor& second) {
+    c10::impl::GenericList list(c10::OptionalType::create(c10::TensorType::get()));
+    list.push_back(std::move(first));
+    list.push_back(second);
+    return list;
+  };
+  const at::Tensor idx = at::arange(2);
+  const OpTemplate t = traced(index, {at::ones({5, 5}), indices(at::Tensor(), idx)});
+  ASSERT_EQ(t.args[1].kind, ArgSpec::Kind::TensorList);
+  EXPECT_EQ(t.args[1].present, (std::vector<bool>{false, true}));
+  EXPECT_EQ(t.outs[0].meta.sizes, (std::vector<int64_t>{5, 2}));
+  std::string why;
+  EXPECT_TRUE(t.matches({at::zeros({5, 5}), indices(at::Tensor(), idx + 1)}, &why)) << why;
+  EXPECT_TRUE(t.matches({at::zeros({5, 5}), indices(c10::IValue(), idx)}, &why)) << why;
+  EXPECT_FALSE(t.matches({at::zeros({5, 5}), indices(idx, idx)}, &why));
+  EXPECT_NE(why.find("element 0"), std::string::npos) << why;
+}
+
+// batch_norm updates its running statistics in place though its schema does not mark them.
+TEST(OpTemplate, BatchNormWritesItsRunningStatistics) {
+  const auto bn = op("aten::batch_norm", "");
+  const OpTemplate t = traced(bn, {at::rand({4, 3, 2}), c10::IValue(), c10::IValue(), at::zeros({3}), at::ones({3}),
+                                   true, 0.1, 1e-5, false});
+  EXPECT_TRUE(t.mutates_input);
+  EXPECT_FALSE(t.writes_arg(0));
+  EXPECT_TRUE(t.writes_arg(3));
+  EXPECT_TRUE(t.writes_arg(4));
+  const OpTemplate add = traced(op("aten::add_", "Tensor"), {at::ones({2}), at::ones({2}), 1.0});
+  EXPECT_TRUE(add.writes_arg(0));
+  EXPECT_FALSE(add.writes_arg(1));
+}
+
 TEST(OpTemplate, OutputBytesCountWhatThePlaceholdersKeepAlive) {
   // A new tensor: its own size.
   EXPECT_EQ(traced(op("aten::add", "Tensor"), {at::ones({64, 64}), at::ones({64, 64}), 1}).out_bytes,
