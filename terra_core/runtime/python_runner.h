@@ -336,6 +336,10 @@ class PythonRunner {
   size_t live_prune_at_ = kLivePruneSlack;  // prune `live_` of dead entries past this size
   static constexpr size_t kLivePruneSlack = 256;
   uint64_t last_external_write_ = 0;
+  // An op with autograd history read memory the program changes without ops (python_memory):
+  // autograd saved that tensor, and eager's backward reads it as it is when the backward runs, so
+  // the next Backward item runs before the program goes on (prepare_arguments, issue).
+  bool python_memory_saved_ = false;
   // The Backward node of the item at last_external_write_ (kNoNode: another kind of write).
   uint32_t last_write_backward_ = UINT32_MAX;
   // The last Backward item issued: the only kind of item that may give or take the gradient of a

@@ -88,7 +88,11 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
     return;
   }
   if (TeamRegion::is_open()) yield_to_parallel_region();
-  const bool wait_done = prepare_arguments(t, stack);
+  bool wait_done = prepare_arguments(t, stack);
+  if (t.kind == OpKind::Backward && python_memory_saved_) {
+    wait_done = true;  // it reads saved memory the program may change next (python_memory_saved_)
+    python_memory_saved_ = false;
+  }
   if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();
   // The fast path holds the GIL; the dispatcher route is asked (it usually runs without).
@@ -299,14 +303,23 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
   //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a
   //   list, one whose elements overlap (an expanded one) or a large one (a dataset from
   //   from_numpy indexed each step: a copy would be a pass over all of it per op) is not copied;
-  //   the op runs before the program goes on (returns true).
+  //   the op runs before the program goes on (returns true). Nor is one of an op that records
+  //   autograd history (an output requires grad): autograd may save it (`y * shared` saves
+  //   `shared`), and eager's backward reads the memory as it is then, not the copy; the next
+  //   Backward item then runs before the program goes on too (python_memory_saved_).
   constexpr size_t kCopyBytes = size_t{1} << 20;
   bool run_now = false;
+  bool history = false;
+  for (const OutSpec& o : t.outs) history = history || o.meta.requires_grad;
   for (size_t i = 0; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (!v.isTensor()) {
       if (v.isTensorList() || v.isList()) {
-        for_each_tensor(v, [&](const at::Tensor& x) { run_now = run_now || (!as_placeholder(x) && python_memory(x)); });
+        for_each_tensor(v, [&](const at::Tensor& x) {
+          if (as_placeholder(x) || !python_memory(x)) return;
+          run_now = true;
+          python_memory_saved_ = python_memory_saved_ || history;
+        });
       }
       continue;
     }
@@ -321,7 +334,8 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
     // The copy has the tensor's sizes and strides (as validated), over a buffer of its own: a
     // column slice of a batch too (detector_numpy_nms's box targets, `t[..., 1:3]`, made every
     // loss op wait for all the work before it).
-    if (aliased || !non_overlapping(x) ||
+    if (history) python_memory_saved_ = true;
+    if (aliased || history || !non_overlapping(x) ||
         at::detail::computeStorageNbytes(x.sizes(), x.strides(), x.itemsize()) > kCopyBytes) {
       run_now = true;
       continue;

@@ -2113,3 +2113,34 @@ def test_tensor_indices_beside_full_slices_run_as_in_eager():
     for k, (a, b) in enumerate(zip(eager, coexecuted)):
         for i, (p, q) in enumerate(zip(a, b)):
             assert torch.equal(p, q), (k, i)
+
+
+def numpy_memory_in_autograd_program(steps=10):
+    """A tensor over NumPy memory (`torch.from_numpy`) that an op with autograd history reads, the
+    array then changed from Python before the backward: eager's forward reads the old values and
+    its backward, through the tensor autograd saved, the new ones."""
+    torch.manual_seed(0)
+    w = torch.randn(3, requires_grad=True)
+    arr = np.ones(3, dtype=np.float32)
+    shared = torch.from_numpy(arr)
+    out = []
+    for i in range(steps):
+        v = (w * 2) * shared
+        arr[:] = i
+        loss = v.pow(2).mean()
+        loss.backward()
+        arr[:] = -i  # after the backward: not what it reads
+        with torch.no_grad():
+            w -= 0.01 * w.grad
+            w.grad = None
+        out.append((loss.detach().clone(), w.detach().clone()))
+    return out
+
+
+def test_numpy_memory_saved_for_the_backward_is_read_when_the_backward_runs():
+    eager = numpy_memory_in_autograd_program()
+    coexecuted = terra.run(numpy_memory_in_autograd_program)
+    assert terra.stats("numpy_memory_in_autograd_program")["iterations_coexecuted"] >= 5
+    for k, (a, b) in enumerate(zip(eager, coexecuted)):
+        for i, (p, q) in enumerate(zip(a, b)):
+            assert torch.equal(p, q), (k, i)
