@@ -1,0 +1,517 @@
+"""Training-loop patterns from notebooks, each run eagerly and under Terra and compared value for
+value (bitwise): state the program reads back mid-loop (EMA copies, state_dict bytes, running
+statistics, buffers, optimizer state), in-place indexing and views, hooks, train/eval switches,
+autocast, generators, data-dependent shapes, shape ops, packed RNNs, freezing, exceptions, Python
+generators feeding batches, reseeding, spectral and weight norm, gradient penalties, gradient
+accumulation, NumPy memory changed from Python. Written in session 43, where three of them found
+engine bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory saved for
+the backward)."""
+import copy
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import terra
+
+
+def prog_ema(steps=14):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    ema = copy.deepcopy(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(16, 6); y = torch.randn(16, 2)
+    out = []
+    for i in range(steps):
+        loss = F.mse_loss(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        with torch.no_grad():
+            for pe, p in zip(ema.parameters(), m.parameters()):
+                pe.data.mul_(0.9).add_(p.data, alpha=0.1)
+            for be, b in zip(ema.buffers(), m.buffers()):
+                be.copy_(b)
+        out.append([t.clone() for t in ema.state_dict().values()] + [loss.detach().clone()])
+    return out
+
+
+def prog_state_dict(steps=12):
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    x = torch.randn(8, 1, 8, 8); y = torch.randint(0, 3, (8,))
+    out = []
+    for i in range(steps):
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        buf = io.BytesIO(); torch.save(m.state_dict(), buf)
+        out.append(buf.getvalue())
+        out.append(m[1].num_batches_tracked.item())
+        out.append(opt.state_dict()["state"][0]["exp_avg"].sum().item())
+    return out
+
+
+def prog_norms(steps=12):
+    torch.manual_seed(2)
+    inorm = nn.InstanceNorm1d(5, affine=True, track_running_stats=True)
+    gn = nn.GroupNorm(2, 4)
+    bn = nn.BatchNorm1d(5, momentum=None)
+    x = torch.randn(3, 5, 7)
+    out = []
+    for i in range(steps):
+        a = inorm(x * (i + 1))
+        b = bn(x + i)
+        c = gn(torch.randn(2, 4, 3))
+        out.append((a.sum().item(), inorm.running_mean.clone(), bn.running_var.numpy().copy(), b.mean().item(), c.sum().item(), bn.num_batches_tracked.item()))
+    return out
+
+
+def prog_rnn(steps=10):
+    torch.manual_seed(3)
+    lstm = nn.LSTM(4, 6, batch_first=True); emb = nn.Embedding(10, 4, max_norm=1.0)
+    opt = torch.optim.RMSprop(list(lstm.parameters()) + list(emb.parameters()), lr=1e-2)
+    idx = torch.randint(0, 10, (3, 5))
+    out = []
+    for i in range(steps):
+        h, (hn, cn) = lstm(emb(idx))
+        loss = h.pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((emb.weight.detach().clone(), hn.detach().clone(), emb.weight.norm(dim=1).max().item()))
+    return out
+
+
+class RunningAvg(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        self.register_buffer("avg", torch.zeros(5))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+    def forward(self, x):
+        y = self.lin(x)
+        with torch.no_grad():
+            self.avg.mul_(0.9).add_(y.mean(0), alpha=0.1)
+            self.count += 1
+        return y
+
+
+def prog_buffers(steps=12):
+    torch.manual_seed(4)
+    m = RunningAvg(); x = torch.randn(7, 5)
+    out = []
+    for i in range(steps):
+        y = m(x)
+        y.sum().backward()
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+        out.append((m.avg.tolist(), int(m.count), float(m.avg[2]), m.lin.weight.detach()[0, :2].numpy().copy()))
+    return out
+
+
+def prog_inplace_index(steps=12):
+    torch.manual_seed(5)
+    w = torch.randn(6, 4, requires_grad=True)
+    table = torch.zeros(10, 4)
+    hist = torch.zeros(10, dtype=torch.long)
+    out = []
+    for i in range(steps):
+        idx = torch.tensor([i % 10, (i * 3) % 10])
+        h = (w * 2).tanh()
+        table.index_add_(0, idx, h[:2].detach())
+        hist.scatter_add_(0, idx, torch.ones(2, dtype=torch.long))
+        t = table.clone(); t[t.abs() > 0.5] = 0.0
+        loss = (h.sum(1) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            w.add_(w.grad, alpha=-0.1); w.grad.zero_()
+        out.append((t, hist.tolist(), table[idx].sum().item(), w.detach().clone()))
+    return out
+
+
+def prog_hooks(steps=10):
+    torch.manual_seed(6)
+    lin = nn.Linear(3, 3)
+    seen = []
+    lin.weight.register_hook(lambda g: seen.append(g.norm().item()))
+    lin.register_forward_hook(lambda mod, i, o: seen.append(o.detach().sum().item()))
+    x = torch.randn(4, 3)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    out = []
+    for i in range(steps):
+        loss = lin(x).pow(2).sum()
+        opt.zero_grad(); loss.backward()
+        torch.nn.utils.clip_grad_value_(lin.parameters(), 0.5)
+        opt.step()
+        out.append(lin.weight.detach().clone())
+    return out + [seen]
+
+
+def prog_views(steps=12):
+    torch.manual_seed(7)
+    p = nn.Parameter(torch.randn(4, 6))
+    acc = torch.zeros(4, 6)
+    out = []
+    for i in range(steps):
+        v = p.view(6, 4)
+        col = acc[:, 1]
+        col.add_(p.detach()[:, 1])
+        acc.t()[2].mul_(0.5)
+        loss = (v.t() @ v).trace() + p.narrow(1, 0, 3).pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            p.sub_(0.01 * p.grad); p.grad = None
+        out.append((acc.clone(), col.clone(), p.detach().clone(), acc._version))
+    return out
+
+
+def prog_train_eval(steps=14):
+    torch.manual_seed(8)
+    m = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.2), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randn(10, 4); y = torch.randn(10, 1); xv = torch.randn(5, 4)
+    out = []
+    for i in range(steps):
+        m.train()
+        loss = F.mse_loss(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        if i % 3 == 2:
+            m[1].reset_running_stats()
+        m.eval()
+        with torch.no_grad():
+            v = m(xv)
+        out.append((loss.item(), v.clone(), m[1].running_mean.clone(), m[1].num_batches_tracked.item()))
+    return out
+
+
+def prog_autocast(steps=10):
+    torch.manual_seed(9)
+    lin = nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.05)
+    x = torch.randn(4, 8)
+    out = []
+    for i in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = lin(x)
+            loss = h.float().pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((h.detach().clone(), lin.weight.detach().clone()))
+    return out
+
+
+def prog_generator(steps=12):
+    g = torch.Generator().manual_seed(10)
+    torch.manual_seed(11)
+    w = torch.randn(5, 5, requires_grad=True)
+    out = []
+    for i in range(steps):
+        noise = torch.randn(5, 5, generator=g)
+        d = F.dropout(w + noise, 0.3)
+        idx = torch.multinomial(d.abs().sum(0) + 1e-3, 2)
+        loss = d[:, idx].sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.01 * w.grad; w.grad = None
+        out.append((idx.tolist(), w.detach().clone(), g.get_state().clone(), torch.get_rng_state().clone()))
+    return out
+
+
+def prog_data_dep(steps=10):
+    torch.manual_seed(12)
+    w = torch.randn(6, 6, requires_grad=True)
+    out = []
+    for i in range(steps):
+        x = w * (i % 3 + 1) - 0.5
+        pos = x[x > 0]
+        nz = torch.nonzero(x > 1.0)
+        vals, ind = torch.topk(x.flatten(), 3)
+        s, order = torch.sort(x[0])
+        u = torch.unique((x * 2).round())
+        am = x.argmax().item()
+        y = torch.where(x > 0, x, 0.1 * x).cumsum(1)
+        z = torch.einsum("ij,jk->ik", y, x.t()).clamp(min=-1.0).minimum(x.abs().mean())
+        loss = pos.sum() + vals.sum() + z.sum() + y[am // 6].sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.01 * w.grad; w.grad = None
+        out.append((pos.detach().clone(), nz, ind, order, u, am, w.detach().clone()))
+    return out
+
+
+def prog_shapes(steps=10):
+    torch.manual_seed(13)
+    lin = nn.Linear(8, 12)
+    opt = torch.optim.Adagrad(lin.parameters(), lr=0.1)
+    x = torch.randn(3, 4, 8)
+    out = []
+    for i in range(steps):
+        h = lin(x)
+        a, b, c = h.chunk(3, dim=-1)
+        parts = h.split([2, 4, 6], dim=-1)
+        rows = list(h.unbind(1))
+        st = torch.stack(rows[::2], dim=0)
+        g = torch.gather(h, 2, torch.arange(4).view(1, 4, 1).expand(3, 4, 1))
+        p = F.pad(a, (1, 2), value=0.5)
+        att = F.scaled_dot_product_attention(a, b, c, is_causal=True)
+        up = F.interpolate(h.transpose(1, 2), scale_factor=2, mode="linear")
+        bm = torch.bmm(a, b.mT)
+        nz = h.new_zeros(2, 3) + torch.full_like(a[0], 2.0).sum()
+        loss = st.sum() + g.sum() + p.pow(2).sum() + att.sum() + up.mean() + bm.sum() + parts[1].sum() + nz.sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), lin.weight.detach().clone(), opt.state_dict()["state"][0]["sum"].clone()))
+    return out
+
+
+def prog_rnn_packed(steps=8):
+    torch.manual_seed(14)
+    gru = nn.GRU(3, 5, batch_first=True)
+    opt = torch.optim.SGD(gru.parameters(), lr=0.1, nesterov=True, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(4, 6, 3); lengths = torch.tensor([6, 5, 3, 2])
+    out = []
+    for i in range(steps):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+        o, h = gru(packed)
+        o, _ = nn.utils.rnn.pad_packed_sequence(o, batch_first=True)
+        loss = o.pow(2).sum() + h.sum()
+        opt.zero_grad(); loss.backward()
+        nn.utils.clip_grad_norm_(gru.parameters(), 0.5)
+        opt.step()
+        out.append((loss.detach().clone(), [p.detach().clone() for p in gru.parameters()]))
+    return out
+
+
+def prog_freeze(steps=14):
+    torch.manual_seed(15)
+    m = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5)
+    x = torch.randn(5, 4); y = torch.randn(5, 2)
+    out = []
+    for i in range(steps):
+        if i == 5:
+            for p in m[0].parameters(): p.requires_grad_(False)
+        if i == 9:
+            for p in m[0].parameters(): p.requires_grad_(True)
+        loss = F.smooth_l1_loss(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        out.append((loss.item(), [p.detach().clone() for p in m.parameters()], sched.get_last_lr()[0]))
+    return out
+
+
+def prog_exceptions(steps=10):
+    torch.manual_seed(16)
+    w = torch.randn(3, 3, requires_grad=True)
+    out = []
+    for i in range(steps):
+        h = w @ w
+        try:
+            if i % 4 == 3:
+                bad = h @ torch.ones(2, 2)   # shape error
+            r = h.sum()
+        except RuntimeError as e:
+            r = h.mean()
+            out.append(str(e)[:40])
+        r.backward()
+        with torch.no_grad():
+            w -= 0.01 * w.grad; w.grad = None
+        out.append(w.detach().clone())
+        if i == 8:
+            break
+    return out
+
+
+def gen_batches(n):
+    g = torch.Generator().manual_seed(17)
+    for i in range(n):
+        yield torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g)
+
+
+def prog_generator_loop(steps=10):
+    torch.manual_seed(18)
+    m = nn.Linear(3, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    out = []
+    for xb, yb in gen_batches(steps):
+        logits = m(xb)
+        loss = F.cross_entropy(logits, yb, reduction="sum") / len(yb)
+        acc = (logits.argmax(1) == yb).float().mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), acc.item(), [p.detach().clone() for p in m.parameters()]))
+        snapshot = copy.deepcopy(m.state_dict())
+        out.append(list(snapshot.values()))
+    return out
+
+
+def prog_reseed(steps=8):
+    out = []
+    w = torch.zeros(4, requires_grad=True)
+    for i in range(steps):
+        torch.manual_seed(i % 3)
+        noise = torch.randn(4)
+        d = F.dropout(w + noise, 0.5)
+        d.sum().backward()
+        with torch.no_grad():
+            w.add_(w.grad, alpha=-0.1); w.grad = None
+        out.append((noise, d.detach().clone(), w.detach().clone()))
+    return out
+
+
+def prog_spectral(steps=10):
+    torch.manual_seed(19)
+    lin = nn.utils.spectral_norm(nn.Linear(5, 4))
+    lin2 = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
+    opt = torch.optim.SGD(list(lin.parameters()) + list(lin2.parameters()), lr=0.05)
+    x = torch.randn(6, 5)
+    out = []
+    for i in range(steps):
+        loss = lin2(F.relu(lin(x))).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), lin.weight_u.clone(), lin.weight_orig.detach().clone(), lin2.weight.detach().clone()))
+    return out
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def prog_gp(steps=8):
+    torch.manual_seed(20)
+    D = nn.Sequential(nn.Linear(3, 8), nn.Softplus(), nn.Linear(8, 1))
+    G = nn.Linear(2, 3)
+    od = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    og = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    real = torch.randn(6, 3)
+    out = []
+    for i in range(steps):
+        z = torch.randn(6, 2)
+        fake = G(z)
+        eps = torch.rand(6, 1)
+        mix = (eps * real + (1 - eps) * fake.detach()).requires_grad_(True)
+        grad, = torch.autograd.grad(D(mix).sum(), mix, create_graph=True)
+        gp = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+        ld = D(fake.detach()).mean() - D(real).mean() + 10 * gp
+        od.zero_grad(); ld.backward(); od.step()
+        lg = -D(Square.apply(G(z))).mean()
+        og.zero_grad(); lg.backward(retain_graph=True); og.step()
+        out.append((ld.detach().clone(), lg.detach().clone(), [p.detach().clone() for p in G.parameters()]))
+    return out
+
+
+def prog_war(steps=12):
+    torch.manual_seed(21)
+    lin = nn.Linear(4, 3)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    data = torch.randn(8, 4)
+    scale = torch.tensor([1.0, 2.0, 3.0])
+    correct = torch.zeros(())
+    hist = torch.zeros(3)
+    arr = np.ones(3, dtype=np.float32)
+    shared = torch.from_numpy(arr)
+    out = []
+    for i in range(steps):
+        y = lin(data) * scale.clone()
+        z = data.sum(1) * scale[1]     # reads scale (own-made), no autograd
+        scale.add_(0.5)                # then writes it
+        w = y * shared                 # reads numpy-shared memory
+        arr[:] = i                     # then Python changes it without ops
+        loss = w.pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        pred = y.argmax(1)
+        correct += (pred == 0).sum()
+        hist.index_add_(0, pred, torch.ones(8))
+        c = hist.clone(); c[0] = -1
+        out.append((z, loss.item(), correct.item(), hist.tolist(), c, scale.clone(), float(shared.sum())))
+    return out
+
+
+def prog_accum(steps=16):
+    torch.manual_seed(22)
+    m = nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.GELU(), nn.Linear(7, 1))
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3, amsgrad=True)
+    x = torch.randn(16, 5); y = torch.randn(16, 1)
+    out = []
+    m.zero_grad(set_to_none=False)
+    for i in range(steps):
+        xb, yb = x[(i % 4) * 4:(i % 4 + 1) * 4], y[(i % 4) * 4:(i % 4 + 1) * 4]
+        loss = F.huber_loss(m(xb), yb) / 4
+        loss.backward()
+        if i % 4 == 3:
+            gn = torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, norm_type=2.0)
+            opt.step(); m.zero_grad(set_to_none=False)
+            out.append(gn.clone())
+        out.append((loss.detach().clone(), m[0].weight.grad.clone()))
+    return out + [[p.detach().clone() for p in m.parameters()]]
+
+
+def prog_tensor_hooks(steps=10):
+    torch.manual_seed(23)
+    w = torch.randn(4, 4, requires_grad=True)
+    grads = []
+    out = []
+    for i in range(steps):
+        h = w.tanh()
+        h.register_hook(lambda g: grads.append(g.sum().item()))
+        h.retain_grad()
+        loss = (h @ h).trace()
+        loss.backward()
+        out.append((h.grad.clone(), w.grad.clone()))
+        with torch.no_grad():
+            w.data.add_(w.grad, alpha=-0.05)
+        w.grad = None
+    return out + [grads]
+
+
+def prog_sparse_ops(steps=10):
+    torch.manual_seed(24)
+    emb = nn.EmbeddingBag(20, 4, mode="mean")
+    opt = torch.optim.SGD(emb.parameters(), lr=0.5)
+    out = []
+    for i in range(steps):
+        inp = torch.tensor([i % 20, (i * 7) % 20, (i * 3) % 20, 1])
+        offsets = torch.tensor([0, 2])
+        e = emb(inp, offsets)
+        loss = F.cosine_similarity(e[0:1], e[1:2]).sum() + F.kl_div(F.log_softmax(e, 1), F.softmax(e.detach() * 2, 1), reduction="batchmean")
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), emb.weight.detach().clone()))
+    return out
+
+
+def flat(o):
+    if isinstance(o, torch.Tensor):
+        return [o]
+    if isinstance(o, (list, tuple)):
+        return [t for v in o for t in flat(v)]
+    if isinstance(o, np.ndarray):
+        return [torch.from_numpy(o)]
+    return [o]
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+PROGRAMS = [prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
+
+
+def test_a_notebook_pattern_runs_as_in_eager(program, fresh_graphs):
+    eager = flat(program())
+    coexecuted = flat(terra.run(program))
+    assert len(eager) == len(coexecuted)
+    bad = [i for i, (a, b) in enumerate(zip(eager, coexecuted)) if not same(a, b)]
+    assert not bad, bad[:10]
+    stats = terra.stats(program.__name__)
+    assert stats["iterations_coexecuted"] + stats["iterations_fallback"] >= 3, stats
