@@ -2055,6 +2055,16 @@ def test_warnings_of_ops_run_by_the_graph_runner_are_python_warnings(capfd):
     assert told[0]["where"][2] == "resized_out_each_step", told
 
 
+def assert_runs_as_in_eager(program, coexecuted_at_least):
+    """`program` (a loop returning tuples of tensors per step) under Terra, bitwise as eagerly."""
+    eager = program()
+    coexecuted = terra.run(program)
+    assert terra.stats(program.__name__)["iterations_coexecuted"] >= coexecuted_at_least
+    for k, (a, b) in enumerate(zip(eager, coexecuted)):
+        for i, (p, q) in enumerate(zip(a, b)):
+            assert torch.equal(p, q), (k, i)
+
+
 def batch_norm_statistics_program(steps=12):
     """Running statistics that batch_norm and instance_norm update in place (their schemas do not
     mark those arguments written), read by the program right after: a clone of statistics the
@@ -2076,12 +2086,7 @@ def batch_norm_statistics_program(steps=12):
 
 
 def test_running_statistics_written_by_batch_norm_are_read_after_the_update():
-    eager = batch_norm_statistics_program()
-    coexecuted = terra.run(batch_norm_statistics_program)
-    assert terra.stats("batch_norm_statistics_program")["iterations_coexecuted"] >= 6
-    for k, (a, b) in enumerate(zip(eager, coexecuted)):
-        for i, (p, q) in enumerate(zip(a, b)):
-            assert torch.equal(p, q), (k, i)
+    assert_runs_as_in_eager(batch_norm_statistics_program, coexecuted_at_least=6)
 
 
 def tensor_index_beside_slices_program(steps=10):
@@ -2107,12 +2112,7 @@ def tensor_index_beside_slices_program(steps=10):
 
 
 def test_tensor_indices_beside_full_slices_run_as_in_eager():
-    eager = tensor_index_beside_slices_program()
-    coexecuted = terra.run(tensor_index_beside_slices_program)
-    assert terra.stats("tensor_index_beside_slices_program")["iterations_coexecuted"] >= 5
-    for k, (a, b) in enumerate(zip(eager, coexecuted)):
-        for i, (p, q) in enumerate(zip(a, b)):
-            assert torch.equal(p, q), (k, i)
+    assert_runs_as_in_eager(tensor_index_beside_slices_program, coexecuted_at_least=5)
 
 
 def numpy_memory_in_autograd_program(steps=10):
@@ -2138,9 +2138,4 @@ def numpy_memory_in_autograd_program(steps=10):
 
 
 def test_numpy_memory_saved_for_the_backward_is_read_when_the_backward_runs():
-    eager = numpy_memory_in_autograd_program()
-    coexecuted = terra.run(numpy_memory_in_autograd_program)
-    assert terra.stats("numpy_memory_in_autograd_program")["iterations_coexecuted"] >= 5
-    for k, (a, b) in enumerate(zip(eager, coexecuted)):
-        for i, (p, q) in enumerate(zip(a, b)):
-            assert torch.equal(p, q), (k, i)
+    assert_runs_as_in_eager(numpy_memory_in_autograd_program, coexecuted_at_least=5)
