@@ -131,6 +131,7 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   grad_defined_.clear();
   last_backward_ = previous_backward_ = 0;  // the last session's have run (exit catches up)
   python_memory_saved_ = false;
+  python_copies_.clear();
   last_backward_node_ = kNoNode;           // a node of that session's graph
   scalar_use_.clear();
   own_made_.clear();

@@ -340,6 +340,15 @@ class PythonRunner {
   // autograd saved that tensor, and eager's backward reads it as it is when the backward runs, so
   // the next Backward item runs before the program goes on (prepare_arguments, issue).
   bool python_memory_saved_ = false;
+  // The copies that ops with autograd history got of such memory (copy, the tensor over the
+  // memory), until the next backward: if the memory changed since, the program waits for
+  // everything issued and writes its values into the copy, which autograd saved, before the
+  // backward is issued or run (eager's backward reads the memory as it is then). Beyond kMaxPythonCopies an op
+  // runs at once instead, as python_memory_saved_ says.
+  std::vector<std::pair<at::Tensor, at::Tensor>> python_copies_;
+  static constexpr size_t kMaxPythonCopies = 256;
+  // Before a Backward item: the copies in python_copies_ hold the memory's current values.
+  void refresh_python_copies(const torch::jit::Stack& backward_args);
   // The Backward node of the item at last_external_write_ (kNoNode: another kind of write).
   uint32_t last_write_backward_ = UINT32_MAX;
   // The last Backward item issued: the only kind of item that may give or take the gradient of a

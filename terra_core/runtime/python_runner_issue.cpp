@@ -89,10 +89,8 @@ void PythonRunner::issue(uint32_t node_id, const OpTemplate& t, torch::jit::Stac
   }
   if (TeamRegion::is_open()) yield_to_parallel_region();
   bool wait_done = prepare_arguments(t, stack);
-  if (t.kind == OpKind::Backward && python_memory_saved_) {
-    wait_done = true;  // it reads saved memory the program may change next (python_memory_saved_)
-    python_memory_saved_ = false;
-  }
+  // A backward reads saved memory the program may change next (python_memory_saved_).
+  if (t.kind == OpKind::Backward) wait_done = wait_done || std::exchange(python_memory_saved_, false);
   if (!own_made_.empty()) forget_own_made(t, *stack);
   GraphRunner& r = runner();
   // The fast path holds the GIL; the dispatcher route is asked (it usually runs without).
@@ -303,10 +301,13 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
   //   now: a copy goes to the GraphRunner. A written argument, one an output aliases, one in a
   //   list, one whose elements overlap (an expanded one) or a large one (a dataset from
   //   from_numpy indexed each step: a copy would be a pass over all of it per op) is not copied;
-  //   the op runs before the program goes on (returns true). Nor is one of an op that records
-  //   autograd history (an output requires grad): autograd may save it (`y * shared` saves
-  //   `shared`), and eager's backward reads the memory as it is then, not the copy; the next
-  //   Backward item then runs before the program goes on too (python_memory_saved_).
+  //   the op runs before the program goes on (returns true). The copy an op that records
+  //   autograd history gets (an output requires grad) may be saved by autograd (`y * shared`
+  //   saves `shared`), and eager's backward reads the memory as it is when the backward runs:
+  //   python_copies_ keeps it until the next Backward item, which brings it up to date first
+  //   where the program changed the memory since (refresh_python_copies); such an op that runs
+  //   at once has the memory itself saved, and the next Backward item then runs before the
+  //   program goes on too (python_memory_saved_).
   constexpr size_t kCopyBytes = size_t{1} << 20;
   bool run_now = false;
   bool history = false;
@@ -334,16 +335,38 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
     // The copy has the tensor's sizes and strides (as validated), over a buffer of its own: a
     // column slice of a batch too (detector_numpy_nms's box targets, `t[..., 1:3]`, made every
     // loss op wait for all the work before it).
-    if (history) python_memory_saved_ = true;
-    if (aliased || history || !non_overlapping(x) ||
+    if (aliased || (history && python_copies_.size() >= kMaxPythonCopies) || !non_overlapping(x) ||
         at::detail::computeStorageNbytes(x.sizes(), x.strides(), x.itemsize()) > kCopyBytes) {
+      python_memory_saved_ = python_memory_saved_ || history;
       run_now = true;
       continue;
     }
     c10::impl::ExcludeDispatchKeyGuard below(kTerraKey);
-    v = at::empty_strided(x.sizes(), x.strides(), x.options()).copy_(x);
+    at::Tensor copy = at::empty_strided(x.sizes(), x.strides(), x.options()).copy_(x);
+    if (history) python_copies_.emplace_back(copy, x);
+    v = std::move(copy);
   }
   return run_now;
+}
+
+void PythonRunner::refresh_python_copies(const torch::jit::Stack& backward_args) {
+  c10::impl::ExcludeDispatchKeyGuard below(kTerraKey);
+  bool changed = false;
+  for (const auto& [copy, memory] : python_copies_) changed = changed || !at::equal(copy, memory);
+  if (changed) {
+    // The ops that read the copies must have run first: they read the values of their time.
+    if (runner_) {
+      wait_for(runner_->issued(), "backward");
+      raise_if_failed();
+    }
+    // Below ADInplaceOrView: no version bump, which autograd would take for an in-place change
+    // of what it saved (eager's saved tensor changed without one too: the memory under it).
+    at::AutoDispatchBelowADInplaceOrView no_version_bump;
+    for (auto& [copy, memory] : python_copies_) copy.copy_(memory);
+  }
+  // A graph kept for another backward (retain_graph) keeps its copies watched.
+  const bool retain = backward_args.size() > 2 && backward_args[2].isBool() && backward_args[2].toBool();
+  if (!retain) python_copies_.clear();
 }
 
 uint64_t PythonRunner::needed_seq(const c10::IValue& v) const {

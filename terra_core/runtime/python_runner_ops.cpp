@@ -165,6 +165,9 @@ void PythonRunner::on_pseudo(OpKind kind, const char* name, torch::jit::Stack* s
     c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
     exec(s);
   };
+  // Whichever way it runs (issued, traced, eagerly after a fallback), a backward reads what
+  // autograd saved of NumPy memory as it is now (python_copies_).
+  if (kind == OpKind::Backward && !python_copies_.empty()) refresh_python_copies(*stack);
   if (mode_ == Mode::Off || mode_ == Mode::Eager) {
     excluded(stack);
     return;
