@@ -485,6 +485,27 @@ def prog_sparse_ops(steps=10):
     return out
 
 
+def prog_func_transforms(steps=8):
+    """torch.func transforms in the loop: they run eagerly in the program's thread (an op issued
+    from inside a vmap to the GraphRunner raised)."""
+    torch.manual_seed(32)
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(5, 3)
+    out = []
+    for i in range(steps):
+        per = torch.func.vmap(lambda r: (r @ w).tanh().sum())(x)
+        g = torch.func.grad(lambda v: (v @ w.detach()).pow(2).sum())(x[0])
+        jac = torch.func.jacrev(lambda v: (v * w.detach()[0]).sin())(x[1])
+        _, tangent = torch.func.jvp(lambda v: v.exp(), (x[2],), (torch.ones(3),))
+        loss = per.sum() + g.sum() * 0.1 + jac.sum() * 0.01 + tangent.sum() * 0.0
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.05 * w.grad
+            w.grad = None
+        out.append((per.detach().clone(), g.clone(), jac.clone(), tangent.clone(), w.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -501,7 +522,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_func_transforms, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
@@ -515,3 +536,14 @@ def test_a_notebook_pattern_runs_as_in_eager(program, fresh_graphs):
     assert not bad, bad[:10]
     stats = terra.stats(program.__name__)
     assert stats["iterations_coexecuted"] + stats["iterations_fallback"] >= 3, stats
+
+
+def test_functorch_levels_are_restored_after_the_session(fresh_graphs):
+    import torch._functorch.eager_transforms as eager_transforms
+    import torch._functorch.vmap as vmap_module
+    names = [(vmap_module, "_vmap_increment_nesting"), (vmap_module, "_vmap_decrement_nesting"),
+             (eager_transforms, "_grad_increment_nesting"), (eager_transforms, "_jvp_decrement_nesting")]
+    before = [getattr(m, n) for m, n in names]
+    inside = terra.run(lambda: [getattr(m, n) for m, n in names])
+    assert all(a is not b for a, b in zip(inside, before))
+    assert [getattr(m, n) for m, n in names] == before

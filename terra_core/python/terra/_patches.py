@@ -26,6 +26,7 @@ session is open (and restored exactly afterwards):
   every tangent made in it, so entering and leaving wait for the GraphRunner first.
 """
 import functools
+import importlib
 import sys
 import threading
 import weakref
@@ -119,6 +120,44 @@ def _opaque_apply(cls, *args, **kwargs):
         return _original_apply.__func__(cls, *args, **kwargs)
     finally:
         _C.opaque_end()
+
+
+# torch.func's transforms (vmap, grad, jvp, vjp, jacrev, functionalize, ...) run their function
+# with the dispatch keys of a functorch level, which the GraphRunner's thread does not have (an op
+# issued there from inside a vmap raised). Each level's entry and exit, found by name in the
+# modules that imported them, bound an opaque region: the transform runs eagerly in the program's
+# thread, untraced, as a custom autograd.Function does.
+_FUNCTORCH_LEVELS = {
+    "torch._functorch.vmap": ("vmap",),
+    "torch._functorch.eager_transforms": ("grad", "jvp", "func"),
+}
+
+
+@_made_once
+def _level_entry(original, transform):
+    @functools.wraps(original)
+    def entry(*args, **kwargs):
+        _C.opaque_begin(f"a torch.func transform ({transform}) runs eagerly in the program's thread",
+                        f"torch.func {transform}")
+        try:
+            return original(*args, **kwargs)
+        except BaseException:
+            _C.opaque_end()
+            raise
+
+    return entry
+
+
+@_made_once
+def _level_exit(original):
+    @functools.wraps(original)
+    def exit_(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _C.opaque_end()
+
+    return exit_
 
 
 def _thread_start(self):
@@ -271,6 +310,13 @@ def install():
     for name, prop in _HISTORY.items():
         _set(torch.Tensor, name, prop)
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
+    for module_name, transforms in _FUNCTORCH_LEVELS.items():
+        module = importlib.import_module(module_name)
+        for transform in transforms:
+            _set(module, f"_{transform}_increment_nesting",
+                 _level_entry(getattr(module, f"_{transform}_increment_nesting"), transform))
+            _set(module, f"_{transform}_decrement_nesting",
+                 _level_exit(getattr(module, f"_{transform}_decrement_nesting")))
     _set(threading.Thread, "start", _thread_start)
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
     for name in _SETTINGS:
