@@ -382,7 +382,14 @@ void OpTemplate::record_outputs(const torch::jit::Stack& returns) {
       o.view = is_view(j);
       o.none = !t.defined();
       o.autograd_view = o.view && t.defined() && t.is_view();
-      if (t.defined()) o.meta = meta_of(t);
+      if (t.defined() && t.layout() != c10::kStrided) {
+        // A sparse (or other non-strided) value, which no placeholder can stand for (a sparse
+        // embedding's gradient): the op runs as a fetch, its outputs real.
+        mode = ExecMode::Fetch;
+        o.meta.sizes = t.sizes().vec();
+      } else if (t.defined()) {
+        o.meta = meta_of(t);
+      }
       outs.push_back(std::move(o));
     };
     if (r.isTensor()) {

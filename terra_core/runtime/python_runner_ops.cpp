@@ -376,11 +376,15 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
       exec(stack);
       note_own_made(t, *stack, /*inputs_own_made=*/true);
       break;
-    case ExecMode::Fetch:
+    case ExecMode::Fetch: {
       ++graph_->fetches;
+      torch::jit::Stack args;
+      if (kind != OpKind::Aten) args = *stack;
       run_fetch(t, stack, exec);
       note_own_made(t, *stack);
+      if (kind != OpKind::Aten) note_grads(node, args, *stack, /*traced=*/false);
       break;
+    }
     case ExecMode::Graph:
       if (kind == OpKind::Aten && t.scalar_outputs && !t.random && run_on_host(t, stack, exec)) {
         ++graph_->host_ops;

@@ -506,6 +506,57 @@ def prog_func_transforms(steps=8):
     return out
 
 
+
+def prog_optims(steps=8):
+    torch.manual_seed(35)
+    ms = [nn.Linear(4, 4) for _ in range(5)]
+    opts = [torch.optim.Adam(ms[0].parameters(), lr=1e-2, fused=True),
+            torch.optim.AdamW(ms[1].parameters(), lr=1e-2, foreach=True, amsgrad=True),
+            torch.optim.SGD(ms[2].parameters(), lr=1e-2, foreach=True, momentum=0.9),
+            torch.optim.Adamax(ms[3].parameters(), lr=1e-2),
+            torch.optim.NAdam(ms[4].parameters(), lr=1e-2, decoupled_weight_decay=True, weight_decay=0.01)]
+    x = torch.randn(6, 4)
+    out = []
+    for i in range(steps):
+        for m, o in zip(ms, opts):
+            loss = m(x).pow(2).mean()
+            o.zero_grad(); loss.backward(); o.step()
+            out.append(loss.detach().clone())
+    return out + [p.detach().clone() for m in ms for p in m.parameters()]
+
+
+def prog_scaler(steps=8):
+    torch.manual_seed(36)
+    m = nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4, growth_interval=2)
+    x = torch.randn(5, 4)
+    out = []
+    for i in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x * (1e30 if i == 3 else 1.0)).float().pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        scaler.step(opt); scaler.update()
+        out.append((scaler.get_scale(), m.weight.detach().clone()))
+    return out
+
+
+def prog_sparse(steps=8):
+    torch.manual_seed(37)
+    emb = nn.Embedding(12, 3, sparse=True)
+    opt = torch.optim.SparseAdam(emb.parameters(), lr=0.05)
+    out = []
+    for i in range(steps):
+        idx = torch.tensor([i % 12, (i * 5) % 12, 3])
+        loss = emb(idx).pow(2).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), emb.weight.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -522,7 +573,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_func_transforms, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
