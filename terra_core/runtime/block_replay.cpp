@@ -594,6 +594,13 @@ uint64_t kernel_signature(const c10::OperatorHandle& op, c10::DispatchKeySet key
     if (!(v.isNone() || v.isInt() || v.isDouble() || v.isBool() || v.isString() || v.isDevice() ||
           v.isComplexDouble()))
       return false;
+    if (v.isComplexDouble()) {  // IValue::hash refuses complex numbers ("unhashable type")
+      const c10::complex<double> c = v.toComplexDouble();
+      h = terra::hash_combine(h, 8);
+      h = terra::hash_combine(h, std::hash<double>{}(c.real()));
+      h = terra::hash_combine(h, std::hash<double>{}(c.imag()));
+      return true;
+    }
     h = terra::hash_combine(h, v.isNone() ? 3 : v.isInt() ? 4 : v.isDouble() ? 5 : v.isBool() ? 6 : 7);
     h = terra::hash_combine(h, c10::IValue::hash(v));
     return true;

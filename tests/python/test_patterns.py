@@ -557,6 +557,72 @@ def prog_sparse(steps=8):
     return out
 
 
+
+def prog_complex(steps=8):
+    torch.manual_seed(42)
+    w = torch.randn(8, requires_grad=True)
+    target = torch.randn(5)
+    out = []
+    for i in range(steps):
+        spec = torch.fft.rfft(w * (1 + 0.1 * i))
+        z = spec * torch.exp(1j * torch.arange(5.0))
+        mag = z.abs()
+        ph = torch.angle(z.conj())
+        loss = F.mse_loss(mag, target) + ph.pow(2).mean() * 0.01 + torch.view_as_real(spec).sum() * 0.001
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.05 * w.grad; w.grad = None
+        out.append((loss.detach().clone(), mag.detach().clone(), w.detach().clone()))
+    return out
+
+
+def prog_out_args(steps=8):
+    torch.manual_seed(43)
+    a = torch.randn(4, 4); b = torch.randn(4, 4)
+    c = torch.empty(4, 4); acc = torch.zeros(4)
+    out = []
+    for i in range(steps):
+        torch.mul(a, b + i, out=c)
+        torch.add(acc, c.sum(0), out=acc)
+        acc.add_(acc)
+        d = torch.zeros(4, 4)
+        d.index_put_((torch.tensor([0, 1, 1]), torch.tensor([2, 3, 3])), torch.tensor([1.0, 2.0, 3.0]), accumulate=True)
+        e = torch.zeros(3).scatter_reduce(0, torch.tensor([0, 1, 0, 2]), torch.tensor([1.0, 2.0, 5.0, 3.0]), reduce="amax")
+        out.append((c.clone(), acc.clone(), d, e))
+    return out
+
+
+def prog_strided_params(steps=8):
+    torch.manual_seed(44)
+    base = nn.Parameter(torch.randn(6, 4))
+    opt = torch.optim.Adam([base], lr=1e-2)
+    x = torch.randn(3, 6)
+    out = []
+    for i in range(steps):
+        w = base.t()[:, ::2]                # non-contiguous view of a param
+        s = base.as_strided((3, 2), (4, 1), 2)
+        loss = (x @ base).pow(2).mean() + w.sum() + s.pow(2).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), base.detach().clone()))
+    return out
+
+
+def prog_grad_hooks(steps=8):
+    torch.manual_seed(45)
+    lin = nn.Linear(3, 3)
+    lin.weight.register_hook(lambda g: g * 0.5)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 3)
+    out = []
+    for i in range(steps):
+        loss = lin(x).pow(2).sum()
+        opt.zero_grad(set_to_none=False); loss.backward()
+        lin.bias.grad.data.mul_(2)
+        opt.step()
+        out.append((lin.weight.grad.clone(), lin.bias.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -573,7 +639,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
