@@ -3,9 +3,9 @@ value (bitwise): state the program reads back mid-loop (EMA copies, state_dict b
 statistics, buffers, optimizer state), in-place indexing and views, hooks, train/eval switches,
 autocast, generators, data-dependent shapes, shape ops, packed RNNs, freezing, exceptions, Python
 generators feeding batches, reseeding, spectral and weight norm, gradient penalties, gradient
-accumulation, NumPy memory changed from Python. Written in session 43, where three of them found
-engine bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory saved for
-the backward)."""
+accumulation, NumPy memory changed from Python. Written in session 43, where they found six engine
+bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory saved for the
+backward, torch.func transforms, sparse gradients, complex scalars in recorded blocks)."""
 import copy
 import io
 
@@ -623,6 +623,174 @@ def prog_grad_hooks(steps=8):
     return out
 
 
+
+def prog_distributions(steps=10):
+    torch.manual_seed(25)
+    mu = nn.Linear(3, 2); logstd = nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam(list(mu.parameters()) + [logstd], lr=1e-2)
+    x = torch.randn(5, 3)
+    out = []
+    for i in range(steps):
+        dist = torch.distributions.Normal(mu(x), logstd.exp())
+        a = dist.rsample()
+        cat = torch.distributions.Categorical(logits=mu(x))
+        c = cat.sample()
+        loss = -(dist.log_prob(a).sum() + cat.log_prob(c).sum()) - 0.01 * dist.entropy().mean() + (a ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((a.detach().clone(), c.clone(), loss.detach().clone(), logstd.detach().clone()))
+    return out
+
+
+def prog_mha(steps=8):
+    torch.manual_seed(26)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.1, batch_first=True)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    x = torch.randn(3, 5, 8)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    out = []
+    for i in range(steps):
+        y = layer(x, src_key_padding_mask=mask)
+        loss = y[~mask].pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), layer.linear1.weight.detach().clone()))
+    return out
+
+
+def prog_vision(steps=8):
+    torch.manual_seed(27)
+    net = nn.Sequential(nn.ConvTranspose2d(2, 3, 3, stride=2, padding=1, output_padding=1), nn.GroupNorm(1, 3),
+                        nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), nn.Conv2d(3, 2, 3, padding=1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x = torch.randn(2, 2, 4, 4)
+    theta = torch.tensor([[[1.0, 0.1, 0.0], [0.0, 0.9, 0.1]]]).repeat(2, 1, 1)
+    out = []
+    for i in range(steps):
+        y = net(x)
+        grid = F.affine_grid(theta, y.shape, align_corners=False)
+        s = F.grid_sample(y, grid, align_corners=False)
+        patches = F.unfold(s, 3, padding=1)
+        oh = F.one_hot(torch.tensor([i % 4, 1]), 4).float()
+        loss = patches.pow(2).mean() + (oh @ torch.ones(4)).sum() * 0 + s.std()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), torch.bincount(torch.tensor([i % 3, 2, 2])), net[0].weight.detach().clone()))
+    return out
+
+
+def prog_leaf_edits(steps=10):
+    torch.manual_seed(29)
+    w = nn.Parameter(torch.randn(4, 4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    out = []
+    for i in range(steps):
+        loss = (w.sin() * torch.arange(4.0)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        with torch.no_grad():
+            w[i % 4].zero_()
+            w.data[:, 0] = float(i)
+            w.clamp_(-1, 1)
+        out.append((w.detach().clone(), w._version))
+    return out
+
+
+
+def prog_inference(steps=10):
+    torch.manual_seed(38)
+    m = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(6, 4); y = torch.randn(6, 2)
+    out = []
+    for i in range(steps):
+        m.train()
+        with torch.set_grad_enabled(True):
+            loss = F.mse_loss(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        if i % 2:
+            m.eval()
+            with torch.inference_mode():
+                ev = m(x).sum()
+            out.append(ev.item())
+        out.append(loss.item())
+    return out + [p.detach().clone() for p in m.parameters()]
+
+
+def prog_dtype_switch(steps=10):
+    torch.manual_seed(39)
+    m = nn.Linear(3, 3).double()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(4, 3, dtype=torch.float64)
+    out = []
+    for i in range(steps):
+        loss = m(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        h = m(x.float().double())
+        out.append((loss.detach().clone(), h.detach().clone(), m.weight.detach().float().clone()))
+    return out
+
+
+def prog_module_swap(steps=10):
+    torch.manual_seed(40)
+    layers = nn.ModuleList([nn.Linear(3, 3) for _ in range(3)])
+    opt = torch.optim.Adam(layers.parameters(), lr=1e-2)
+    x = torch.randn(2, 3)
+    out = []
+    for i in range(steps):
+        h = x
+        for j, l in enumerate(layers):
+            if (i + j) % 3 == 0:
+                continue            # a data-independent but varying path
+            h = torch.tanh(l(h))
+        loss = h.sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append((loss.detach().clone(), [p.detach().clone() for p in layers.parameters()]))
+    return out
+
+
+
+def prog_linalg(steps=8):
+    torch.manual_seed(46)
+    w = torch.randn(5, 5, requires_grad=True)
+    out = []
+    for i in range(steps):
+        a = w @ w.t() + torch.eye(5) * (2 + 0.1 * i)
+        L = torch.linalg.cholesky(a)
+        sign, logdet = torch.linalg.slogdet(a)
+        q, r = torch.linalg.qr(w)
+        u, s, vh = torch.linalg.svd(w)
+        sol = torch.linalg.solve(a, torch.ones(5))
+        inv = torch.inverse(a)
+        vals, idx = torch.max(w, dim=1)
+        kv = torch.kthvalue(w, 2, dim=0).values
+        md = torch.median(w, dim=1).values
+        loss = L.sum() + logdet + r.diagonal().abs().sum() + s.sum() + sol.sum() + inv.trace() + vals.sum() + kv.sum() + md.sum()
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.001 * w.grad; w.grad = None
+        out.append((loss.detach().clone(), idx, w.detach().clone()))
+    return out
+
+
+def prog_misc_ops(steps=8):
+    torch.manual_seed(47)
+    x = torch.randn(6, 4, requires_grad=True)
+    bins = torch.tensor([-1.0, 0.0, 1.0])
+    out = []
+    for i in range(steps):
+        d = torch.cdist(x, x * 0.5)
+        n = F.normalize(x, dim=1)
+        lse = torch.logsumexp(x, dim=0)
+        nn_ = torch.nan_to_num(x.log(), nan=0.0, neginf=-5.0)
+        b = torch.bucketize(x.detach(), bins)
+        ss = torch.searchsorted(bins, x.detach().flatten().sort().values)
+        h = torch.histc(x.detach(), bins=4, min=-2, max=2)
+        bits = (b << 2) ^ (b & 1) | (b >> 1)
+        loss = d.mean() + n.sum() + lse.sum() + nn_.sum()
+        loss.backward()
+        with torch.no_grad():
+            x -= 0.01 * x.grad; x.grad = None
+        out.append((loss.detach().clone(), b, ss, h, bits, x.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -639,7 +807,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
