@@ -8,6 +8,7 @@ bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory
 backward, torch.func transforms, sparse gradients, complex scalars in recorded blocks)."""
 import copy
 import io
+import random
 
 import numpy as np
 import pytest
@@ -791,6 +792,65 @@ def prog_misc_ops(steps=8):
     return out
 
 
+
+def prog_replay_buffer(steps=14):
+    torch.manual_seed(48); rng = random.Random(0)
+    q = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    tgt = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)); tgt.load_state_dict(q.state_dict())
+    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+    buf = []
+    s = torch.randn(4)
+    out = []
+    for i in range(steps):
+        with torch.no_grad():
+            a = q(s).argmax().item() if rng.random() > 0.3 else rng.randrange(2)
+        s2 = s * 0.9 + torch.randn(4) * 0.1
+        r = float(s2.sum() > 0)
+        buf.append((s, a, r, s2))
+        s = s2
+        if len(buf) >= 4:
+            batch = rng.sample(buf, 4)
+            S = torch.stack([b[0] for b in batch]); A = torch.tensor([b[1] for b in batch])
+            R = torch.tensor([b[2] for b in batch]); S2 = torch.stack([b[3] for b in batch])
+            with torch.no_grad():
+                y = R + 0.9 * tgt(S2).max(1).values
+            qa = q(S).gather(1, A[:, None]).squeeze(1)
+            loss = F.smooth_l1_loss(qa, y)
+            opt.zero_grad(); loss.backward(); opt.step()
+            out.append(loss.detach().clone())
+        if i % 5 == 4:
+            tgt.load_state_dict(q.state_dict())
+    return out + [p.detach().clone() for p in q.parameters()]
+
+
+W = torch.zeros(3)
+
+
+def helper(x, scale):
+    return (x * scale).tanh()
+
+
+def prog_globals_closures(steps=10):
+    global W
+    torch.manual_seed(49)
+    W = torch.zeros(3)
+    p = torch.randn(3, requires_grad=True)
+    mult = [1.0]
+    def closure(x):
+        return helper(x, mult[0]) + W
+    out = []
+    for i in range(steps):
+        y = closure(p) if i % 2 else helper(p, 2.0)
+        loss = y.pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            p -= 0.1 * p.grad; p.grad = None
+        W = W + 0.01 * i
+        mult[0] *= 1.1
+        out.append((loss.detach().clone(), W.clone(), p.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -807,7 +867,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
