@@ -851,6 +851,30 @@ def prog_globals_closures(steps=10):
     return out
 
 
+
+def prog_ckpt_roundtrip(steps=10):
+    torch.manual_seed(50)
+    m = nn.Sequential(nn.Linear(3, 5), nn.BatchNorm1d(5), nn.Linear(5, 1))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    x = torch.randn(8, 3); y = torch.randn(8, 1)
+    arr = np.zeros((5, 3), dtype=np.float32)
+    out = []
+    for i in range(steps):
+        loss = F.mse_loss(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        if i % 3 == 2:
+            buf = io.BytesIO(); torch.save({"m": m.state_dict(), "o": opt.state_dict()}, buf); buf.seek(0)
+            ck = torch.load(buf)
+            m.load_state_dict(ck["m"]); opt.load_state_dict(ck["o"])
+        if i == 6:
+            arr[:] = 0.01
+            with torch.no_grad():
+                m[0].weight.copy_(torch.from_numpy(arr))
+            arr[:] = 5.0
+        out.append((loss.detach().clone(), [t.clone() for t in m.state_dict().values()]))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -867,7 +891,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
