@@ -225,11 +225,17 @@ std::optional<at::Scalar> python_number(PyObject* obj) {
 
 // A tensor argument as PyTorch's parser would take it, or false where the parser would do
 // something this path does not (a __torch_function__ to call, another type).
+// A torch.Tensor or nn.Parameter (no __torch_function__ of its own), or null.
+const at::Tensor* plain_tensor(PyObject* obj, c10::DispatchKeySet* keys) {
+  if (Py_TYPE(obj) != plain_types[0] && Py_TYPE(obj) != plain_types[1]) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  *keys = *keys | t.key_set();
+  return &t;
+}
+
 bool tensor_arg(PyObject* obj, bool numbers, torch::jit::Stack* stack, c10::DispatchKeySet* keys) {
-  if (Py_TYPE(obj) == plain_types[0] || Py_TYPE(obj) == plain_types[1]) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    *keys = *keys | t.key_set();
-    stack->emplace_back(t);
+  if (const at::Tensor* t = plain_tensor(obj, keys)) {
+    stack->emplace_back(*t);
     return true;
   }
   const std::optional<at::Scalar> number = numbers ? python_number(obj) : std::nullopt;
@@ -278,11 +284,9 @@ bool tensor_list_arg(PyObject* obj, torch::jit::Stack* stack, c10::DispatchKeySe
   c10::List<at::Tensor> list;
   list.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = items[i];
-    if (Py_TYPE(item) != plain_types[0] && Py_TYPE(item) != plain_types[1]) return false;
-    const at::Tensor& t = THPVariable_Unpack(item);
-    *keys = *keys | t.key_set();
-    list.push_back(t);
+    const at::Tensor* t = plain_tensor(items[i], keys);
+    if (!t) return false;
+    list.push_back(*t);
   }
   stack->emplace_back(std::move(list));
   return true;

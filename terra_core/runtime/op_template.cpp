@@ -41,7 +41,7 @@ void note_no_draw_arguments(const c10::OperatorHandle& op, OpTemplate& t) {
 // calls. Unmarked, a running mean the program made itself (`torch.zeros(c)`) stayed its own, so a
 // small op on it after a training batch_norm (`m.clone()`) ran in the program thread before the
 // GraphRunner's update; the arguments are found by name, so any overload counts.
-uint32_t statistics_writes(const c10::FunctionSchema& schema) {
+uint64_t statistics_writes(const c10::FunctionSchema& schema) {
   const std::string& name = schema.operator_name().name;
   static const char* const kStatistics[] = {"aten::batch_norm", "aten::instance_norm", "aten::_batch_norm_impl_index",
                                             "aten::native_batch_norm", "aten::cudnn_batch_norm",
@@ -50,16 +50,15 @@ uint32_t statistics_writes(const c10::FunctionSchema& schema) {
                                             "aten::batch_norm_gather_stats_with_counts"};
   if (std::find(std::begin(kStatistics), std::end(kStatistics), name) == std::end(kStatistics)) return 0;
   const auto& arguments = schema.arguments();
-  uint32_t bits = 0;
-  for (size_t i = 0; i < arguments.size() && i < 32; ++i)
-    if (arguments[i].name() == "running_mean" || arguments[i].name() == "running_var") bits |= 1u << i;
+  uint64_t bits = 0;
+  for (size_t i = 0; i < arguments.size() && i < 64; ++i)
+    if (arguments[i].name() == "running_mean" || arguments[i].name() == "running_var") bits |= uint64_t{1} << i;
   return bits;
 }
 
 }  // namespace
 
-bool OpTemplate::writes_arg(size_t i) const {
-  if (i < 32 && (unannotated_writes >> i & 1u)) return true;
+bool OpTemplate::writes_beyond(size_t i) const {
   if (!op) return false;
   const auto& arguments = op->schema().arguments();
   return i < arguments.size() && arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
@@ -318,10 +317,14 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
     t.args.push_back(std::move(a));
   }
   if (schema) {
-    for (const auto& arg : schema->arguments())
-      if (arg.alias_info() && arg.alias_info()->isWrite()) t.mutates_input = true;
-    t.unannotated_writes = statistics_writes(*schema);
-    t.mutates_input = t.mutates_input || t.unannotated_writes != 0;
+    const auto& arguments = schema->arguments();
+    t.written_args = statistics_writes(*schema);
+    t.mutates_input = t.written_args != 0;
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (!arguments[i].alias_info() || !arguments[i].alias_info()->isWrite()) continue;
+      t.mutates_input = true;
+      if (i < 64) t.written_args |= uint64_t{1} << i;
+    }
     bool tensor_returns = true;
     for (const auto& r : schema->returns()) {
       auto k = r.type()->kind();

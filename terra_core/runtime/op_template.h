@@ -80,11 +80,13 @@ struct OpTemplate {
   AutocastState autocast;           // thread_state.h
   GlobalState global;               // thread_state.h
   bool mutates_input = false;       // some argument is written (in-place / out=)
-  // Arguments the op writes though its schema does not mark them (bit i: argument i):
-  // batch_norm's and instance_norm's running statistics (statistics_writes in op_template.cpp).
-  uint32_t unannotated_writes = 0;
-  // Whether the op writes argument `i`: its schema says so, or unannotated_writes does.
-  bool writes_arg(size_t i) const;
+  // The arguments the op writes (bit i: argument i, for the first 64): those its schema marks
+  // `(a!)`, and those it writes though its schema does not say so (batch_norm's and
+  // instance_norm's running statistics: statistics_writes in op_template.cpp). Found once, when
+  // traced: the program thread asks for every op it issues that writes (note_writes).
+  uint64_t written_args = 0;
+  bool writes_arg(size_t i) const { return i < 64 ? (written_args >> i & 1u) != 0 : writes_beyond(i); }
+  bool writes_beyond(size_t i) const;  // an argument past the 64th, from the schema
   bool noop_alias = false;          // returns only its own arguments and writes nothing
   bool random = false;              // consumes the RNG (must stay in GraphRunner order)
   // For the random ops that draw nothing at a probability of 0 or outside training (dropout and

@@ -167,10 +167,8 @@ void PythonRunner::note_writes(uint32_t node_id, const OpTemplate& t, const torc
     }
   }
   if (!t.op || !(t.mutates_input || t.host_scalar_args)) return;
-  const auto& schema_args = t.op->schema().arguments();  // looked up once: this runs per op
   for (size_t i = 0; i < args.size(); ++i) {
-    const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
-    const bool writes = t.mutates_input && ((info && info->isWrite()) || (i < 32 && (t.unannotated_writes >> i & 1u)));
+    const bool writes = t.mutates_input && t.writes_arg(i);  // a bit test: this runs per op
     // Host scalars inside tensor lists count too: `_foreach_add_(state_steps, 1)` writes
     // Adam's `step` tensors, which the optimizer then reads with `.item()`.
     for_each_tensor(args[i], [&](const at::Tensor& x) {
@@ -310,8 +308,10 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
   //   program goes on too (python_memory_saved_).
   constexpr size_t kCopyBytes = size_t{1} << 20;
   bool run_now = false;
-  bool history = false;
-  for (const OutSpec& o : t.outs) history = history || o.meta.requires_grad;
+  // Whether the op records autograd history: asked only for such memory, which few ops read.
+  auto records_history = [&t] {
+    return std::any_of(t.outs.begin(), t.outs.end(), [](const OutSpec& o) { return o.meta.requires_grad; });
+  };
   for (size_t i = 0; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (!v.isTensor()) {
@@ -319,7 +319,7 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
         for_each_tensor(v, [&](const at::Tensor& x) {
           if (as_placeholder(x) || !python_memory(x)) return;
           run_now = true;
-          python_memory_saved_ = python_memory_saved_ || history;
+          python_memory_saved_ = python_memory_saved_ || records_history();
         });
       }
       continue;
@@ -335,6 +335,7 @@ bool PythonRunner::prepare_arguments(const OpTemplate& t, torch::jit::Stack* sta
     // The copy has the tensor's sizes and strides (as validated), over a buffer of its own: a
     // column slice of a batch too (detector_numpy_nms's box targets, `t[..., 1:3]`, made every
     // loss op wait for all the work before it).
+    const bool history = records_history();
     if (aliased || (history && python_copies_.size() >= kMaxPythonCopies) || !non_overlapping(x) ||
         at::detail::computeStorageNbytes(x.sizes(), x.strides(), x.itemsize()) > kCopyBytes) {
       python_memory_saved_ = python_memory_saved_ || history;
@@ -480,7 +481,6 @@ bool PythonRunner::run_view_here(const OpTemplate& t, torch::jit::Stack* stack, 
 }
 
 bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, const Exec& exec) {
-  const auto& schema_args = t.op->schema().arguments();
   uint64_t need = 0;
   bool any = false;
   for (size_t i = 0; i < stack->size(); ++i) {
@@ -494,8 +494,7 @@ bool PythonRunner::run_on_host(const OpTemplate& t, torch::jit::Stack* stack, co
     if (!host_scalar(x)) return false;
     any = true;
     auto it = scalar_use_.find(x.storage().unsafeGetStorageImpl());
-    const auto* info = i < schema_args.size() ? schema_args[i].alias_info() : nullptr;
-    if (info && info->isWrite() && it != scalar_use_.end()) return false;  // the runner uses it
+    if (t.writes_arg(i) && it != scalar_use_.end()) return false;  // the runner uses it
     if (it != scalar_use_.end()) need = std::max(need, it->second.write);
   }
   if (!any) return false;
