@@ -159,7 +159,8 @@ def fmt(ratio):
 
 def geo_of(rows, build, key):
     """Geometric mean of a ratio over the programs that have it."""
-    return statistics.geometric_mean(r[build][key] for r in rows if r[build][key] is not None)
+    # A ratio of 0 (a steady step measured as no time at all) is left out, as a missing one is.
+    return statistics.geometric_mean(r[build][key] for r in rows if r[build][key])
 
 
 def write(out, rows, builds, args):

@@ -1210,8 +1210,35 @@ std::unique_ptr<Block> BlockRecorder::finish() {
         if (m.last_read[rk.first_out + o].item < 0) p.release.push_back(rk.first_out + o);
     }
   }
+  index_large_work(*block);
   plan_lanes(*block);
   return block;
+}
+
+void index_large_work(Block& block) {
+  block.large_ns.assign(block.kernels.size() + 1, 0);
+  for (size_t i = 0; i < block.kernels.size(); ++i) {
+    const RecordedKernel& k = block.kernels[i];
+    block.large_ns[i + 1] = block.large_ns[i] + (k.large && k.one_thread ? k.ran_ns : 0);
+  }
+}
+
+uint64_t large_work(const Block& block, uint32_t kernel, uint32_t last_item) {
+  const uint32_t end = block.items.at(last_item).kernels_end;
+  return end > kernel ? block.large_ns.at(end) - block.large_ns.at(kernel) : 0;
+}
+
+bool BlockReplayer::spread(const RecordedKernel& k, int threads) const {
+  if (!k.one_thread || threads <= 1 || openmp_spinning_limited() || !program_waits_) return false;
+  const uint64_t waited = program_waits_();
+  if (waited == 0) return false;
+  if (k.spread || openmp_workers_spinning()) return true;
+  if (!k.large) return false;
+  // The last item waited for, as if every item issued meanwhile were the block's (those it lacks,
+  // a `.grad` read run in its place, a cleared gradient, make this an estimate).
+  const Block& b = *block_;
+  const auto last = static_cast<uint32_t>(std::min<uint64_t>(item_ + waited - 1, b.items.size() - 1));
+  return large_work(b, static_cast<uint32_t>(&k - b.kernels.data()), last) >= kSpreadBacklogNs;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1507,6 +1534,7 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
 bool BlockReplayer::bind(WorkItem& item, const std::function<void(WorkItem&)>& execute) {
   const Block& block = *block_;
   const ItemPlan& p = block.items[next_];
+  item_ = next_;
   load(p, item);
   bind_cursor_ = p.kernels_begin;
   bind_end_ = p.kernels_end;
@@ -1653,6 +1681,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
 
 void BlockReplayer::run(WorkItem& item) {
   const Block& block = *block_;
+  item_ = next_;
   const ItemPlan& p = block.items[next_++];
   load(p, item);
   switch (p.kind) {

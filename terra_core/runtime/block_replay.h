@@ -206,7 +206,17 @@ struct Block {
   bool one_thread = true;       // derived from the kernels' flags when the block is finished
   std::string not_one_thread;  // the first kernel that gave other bits with one thread
   uint32_t program_count_kernels = 0;  // kernels replayed with the program's count (not one_thread)
+  // large_ns[i]: how long the large one-thread kernels before kernel i ran when recorded
+  // (RecordedKernel::ran_ns), kernels.size() + 1 entries (index_large_work): the work a waiting
+  // program waits for (large_work, BlockReplayer::spread).
+  std::vector<uint64_t> large_ns;
 };
+
+// Fills block.large_ns from its kernels (BlockRecorder::finish).
+void index_large_work(Block& block);
+// How long the large one-thread kernels from kernel `kernel` to the end of item `last_item` ran
+// when recorded (0 where that item ends before the kernel).
+uint64_t large_work(const Block& block, uint32_t kernel, uint32_t last_item);
 
 // Records one iteration (GraphRunner thread). `begin_item`/`end_item` bracket each item's
 // ordinary execution; the dispatcher hook calls `kernel_begin`/`kernel_end` while `active()`.
@@ -290,10 +300,11 @@ class BlockReplayer {
   // and Backward items from `next()` to `index`.
   bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
-  // `program_waits` (set_program_waits), asked before each long kernel (RecordedKernel::spread) that gives the
-  // program's bits with one intra-op thread: whether the program thread waits for the
-  // GraphRunner, leaving its core to the kernel's other threads (then the kernel runs with the
-  // program's count, as eagerly; else with one, leaving that core to the program's Python).
+  // `program_waits` (set_program_waits), asked before each kernel that gives the program's bits
+  // with one intra-op thread: whether the program thread waits for the GraphRunner, leaving its
+  // core to the kernel's other threads (then a long kernel, RecordedKernel::spread, runs with the
+  // program's count, as eagerly; else with one, leaving that core to the program's Python;
+  // `spread` below has the other cases).
   // Measured with every such kernel, long or short, the program thread sleeping up to 512 ops
   // ahead (forced co-execution, 3 interleaved rounds of fresh processes, ms per step, one thread
   // always -> by this): resnet 9.3 -> 7.0, dcgan 8.0 -> 6.9, gpt 10.9 -> 8.3 (eager 7.4, 6.5,
@@ -302,8 +313,12 @@ class BlockReplayer {
   // against eager: 1.18 -> 1.97, 0.88 -> 1.26, 0.73 -> 0.92, p05 then run eagerly by the payoff
   // check; p01, whose mse_loss took 53 us when recorded, 1.13 -> 2.47 by time alone).
   void run(WorkItem& item);
-  // Whether the program thread waits for the GraphRunner (see run; bound kernels use it too).
-  void set_program_waits(std::function<bool()> waits) { program_waits_ = std::move(waits); }
+  // How many items the program thread waits for the GraphRunner to run, from the one running
+  // (0: it does not wait); see run (bound kernels use it too).
+  void set_program_waits(std::function<uint64_t()> waits) { program_waits_ = std::move(waits); }
+  // Waited-for large kernels that ran this long on one thread when recorded are worth waking
+  // the OpenMP workers for, short ones among them (`spread`).
+  static constexpr uint64_t kSpreadBacklogNs = 200'000;
   // Items with a LanePlan run their kernels on these two threads (null: in order, on this one).
   void set_lanes(KernelLanes* lanes) { lanes_ = lanes; }
   // Binding: the next item (which must follow) runs through autograd as usual (`execute`), and
@@ -360,7 +375,8 @@ class BlockReplayer {
   uint64_t results_reused_ = 0;
   uint64_t aliases_ = 0;
   uint64_t helped_ = 0;
-  std::function<bool()> program_waits_;
+  std::function<uint64_t()> program_waits_;
+  uint32_t item_ = 0;  // the item running or bound (its index in the block)
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.
   // follows' check that the tensors of `item` (issued as `seq`) were made where the recorded ones
   // were: outside the iteration, or by the same earlier item.
@@ -372,10 +388,16 @@ class BlockReplayer {
   bool run_elementwise(const RecordedKernel& k, bool alone, bool* tried);
   // A view kernel's result made directly (AliasGeometry); false: run the kernel.
   bool run_alias(const RecordedKernel& k);
-  bool spread(const RecordedKernel& k, int threads) const {
-    return k.one_thread && threads > 1 && !openmp_spinning_limited() && program_waits_ && program_waits_() &&
-           (k.spread || openmp_workers_spinning());
-  }
+  // Kernel `k`, about to run with one intra-op thread, takes the program's `threads` instead: the
+  // program waits, and the kernel is long, or the OpenMP workers spin anyway (openmp_team.h), or
+  // the large kernels the program waits for, from this one on, are enough work to pay one
+  // wake-up of the workers back (kSpreadBacklogNs). Without that last case a chain of 256x256
+  // adds (5 us each on one thread, 3.5-3.8 eagerly on two) ran at 0.69x eager's speed, the
+  // program waiting for hundreds of them at a time; 0.88x so (per-op benchmark, 5 rounds, the
+  // previous build in the same rounds: bench/results/s44_spread_backlog.md). A waiting program's
+  // workers counted as spinning after any earlier region (openmp_team.h) spread most kernels
+  // anyway once one was: the case decides the first spread after the GraphRunner ran none.
+  bool spread(const RecordedKernel& k, int threads) const;
 };
 
 }  // namespace terra::runtime

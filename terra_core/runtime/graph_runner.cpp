@@ -262,7 +262,7 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 
 GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capacity) {
   blocks_ = std::make_unique<BlockStore>();
-  blocks_->replayer.set_program_waits([this] { return python_blocked(); });
+  blocks_->replayer.set_program_waits([this] { return python_backlog(); });
   lanes_ = std::make_unique<KernelLanes>([this] {
     // A program thread asleep in wait_for may help with the job.
     if (wait_target_.load() != 0) {

@@ -287,9 +287,12 @@ class GraphRunner {
   // Waits until item `seq` is published; false where the Python thread waits for the GraphRunner
   // meanwhile (it will publish nothing more until then) or the runner stops.
   bool await_published(uint64_t seq);
-  bool python_blocked() const {
+  bool python_blocked() const { return python_backlog() != 0; }
+  // How many items the Python thread waits for (0: it does not wait).
+  uint64_t python_backlog() const {
     const uint64_t w = waiter_.load();
-    return w != 0 && w > done_.load();
+    const uint64_t d = done_.load();
+    return w > d ? w - d : 0;
   }
   std::atomic<bool> replay_{true};
   std::atomic<bool> accelerator_blocks_{false};

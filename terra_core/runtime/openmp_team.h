@@ -109,7 +109,12 @@ bool openmp_spinning_limited();
 bool openmp_workers_spinning();
 // A kernel large enough for a parallel region ran on the calling thread with more than one
 // intra-op thread (ignored while the spinning is limited). Costs a thread-local store; the time
-// is taken at the next openmp_workers_spinning.
+// is taken at the next openmp_workers_spinning, which only a waiting program asks for: a region
+// before a pause of any length counts as spinning at the next wait. Taking it at the region was
+// tried in session 44 and not kept: in one 3-round run hf_llama took 0.89 of eager's step against
+// 0.73 (bench/results/s44_all12.md, where "Terra" is that build), but the kernels spread while
+// the program waited vary from 6,800 to 10,900 per 40 steps between runs of one build, so
+// neither way was shown better.
 void note_parallel_region();
 constexpr int64_t kWorkerSpinNs = 8'000'000;
 

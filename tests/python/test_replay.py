@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,33 @@ def test_long_bound_kernels_run_with_the_programs_threads_while_the_program_wait
     assert s["items_bound"] >= 5 and s["iterations_replayed"] >= 5, s
     assert s["kernels_spread_while_waited"] >= 5, s
 
+
+
+def elementwise_chain(steps):
+    # 64 short kernels per step on 256x256 tensors (above ATen's grain size, a few microseconds
+    # each: none long enough to be spread on its own), then a read of the result, then a pause
+    # longer than OpenMP's workers spin after a parallel region (kWorkerSpinNs).
+    x, y = torch.randn(256, 256, generator=torch.Generator().manual_seed(1)), torch.full((256, 256), 1.0001)
+    sums = []
+    for _ in range(steps):
+        z = x
+        for _ in range(32):
+            z = z * y + x
+        sums.append(z.sum().item())  # the program waits here for the whole chain
+        time.sleep(0.012)
+    return z, sums
+
+
+def test_short_large_kernels_run_with_the_programs_threads_while_it_waits_for_many():
+    # The program waits for some 300 us of large kernels at its `.item()` (kSpreadBacklogNs): they
+    # take its threads then, as eagerly, though none is long and the workers are asleep after
+    # the pause. Same bits either way.
+    with intra_op_threads(2):
+        (ze, se), (zc, sc) = elementwise_chain(12), terra.run(elementwise_chain, 12)
+    assert se == sc and torch.equal(ze, zc)
+    s = terra.stats("elementwise_chain")
+    assert s["iterations_replayed"] >= 5, s
+    assert s["kernels_spread_while_waited"] >= s["iterations_replayed"] * 32, s
 
 def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():
     eager_keep, coexec_keep = [], []

@@ -641,3 +641,39 @@ TEST(GraphRunnerErrors, AFailingItemsExceptionReachesTheProgramThreadAndLaterIte
 
 }  // namespace
 }  // namespace terra::runtime
+
+namespace terra::runtime {
+namespace {
+
+// The work a waiting program waits for (BlockReplayer::spread): the large kernels that give the
+// program's bits with one thread, from a kernel to the end of the last item waited for.
+TEST(LargeWork, CountsTheLargeOneThreadKernelsUpToTheLastItemWaitedFor) {
+  Block b;
+  auto kernel = [&](bool large, bool one_thread, uint32_t ns) {
+    RecordedKernel k;
+    k.large = large;
+    k.one_thread = one_thread;
+    k.ran_ns = ns;
+    b.kernels.push_back(std::move(k));
+  };
+  kernel(true, true, 5'000);     // item 0
+  kernel(false, true, 70'000);   // item 0: small, however long
+  kernel(true, false, 90'000);   // item 1: needs the program's count anyway
+  kernel(true, true, 6'000);     // item 1
+  kernel(true, true, 7'000);     // item 2
+  for (uint32_t i = 0; i < 3; ++i) {
+    ItemPlan p;
+    p.kernels_begin = i == 0 ? 0 : (i == 1 ? 2 : 4);
+    p.kernels_end = i == 0 ? 2 : (i == 1 ? 4 : 5);
+    b.items.push_back(std::move(p));
+  }
+  index_large_work(b);
+  EXPECT_EQ(large_work(b, 0, 0), 5'000u);
+  EXPECT_EQ(large_work(b, 0, 2), 18'000u);
+  EXPECT_EQ(large_work(b, 1, 1), 6'000u);
+  EXPECT_EQ(large_work(b, 3, 2), 13'000u);
+  EXPECT_EQ(large_work(b, 4, 1), 0u);  // the last item waited for ends before the kernel
+}
+
+}  // namespace
+}  // namespace terra::runtime
