@@ -1401,8 +1401,8 @@ at::Tensor BlockReplayer::leaf_tensor(uint32_t leaf,
   return v.isTensor() ? v.toTensor() : at::Tensor();
 }
 
-bool BlockReplayer::grads_as_recorded(uint32_t index,
-                                      const std::function<const WorkItem*(uint32_t)>& earlier) const {
+bool BlockReplayer::grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier,
+                                      const ClearedBefore& cleared) const {
   const Block& block = *block_;
   // Gradient presence by leaf, as the items before `index` leave it.
   std::unordered_map<const c10::TensorImpl*, bool> defined;
@@ -1410,7 +1410,10 @@ bool BlockReplayer::grads_as_recorded(uint32_t index,
     auto it = defined.find(leaf.unsafeGetTensorImpl());
     return it != defined.end() ? it->second : leaf.grad().defined();
   };
+  std::vector<const c10::TensorImpl*> none;
   for (uint32_t k = next_; k <= index; ++k) {
+    if (!cleared(k, none)) return false;
+    for (const c10::TensorImpl* leaf : none) defined[leaf] = false;
     const ItemPlan& p = block.items[k];
     if (p.kind == OpKind::GradWrite) {
       const WorkItem* w = earlier(k);

@@ -297,8 +297,12 @@ class BlockReplayer {
                const std::function<const WorkItem*(uint32_t)>& earlier) const;
   // Whether, when the Backward item `index` runs, each leaf it reaches will have a gradient
   // exactly where the recorded one had: from the leaves' gradients now, through the GradWrite
-  // and Backward items from `next()` to `index`.
-  bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier) const;
+  // and Backward items from `next()` to `index` and the gradients cleared between them by items
+  // no block holds (`cleared(k, leaves)`: the leaves whose `.grad` is set to None after item
+  // k - 1 of the block and before item k runs, `next()` first; false: unknown).
+  using ClearedBefore = std::function<bool(uint32_t, std::vector<const c10::TensorImpl*>&)>;
+  bool grads_as_recorded(uint32_t index, const std::function<const WorkItem*(uint32_t)>& earlier,
+                         const ClearedBefore& cleared) const;
   // Replays the next item (`next()`), which must follow. Throws what the kernels throw.
   // `program_waits` (set_program_waits), asked before each kernel that gives the program's bits
   // with one intra-op thread: whether the program thread waits for the GraphRunner, leaving its

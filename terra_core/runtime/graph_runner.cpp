@@ -87,6 +87,13 @@ void run_grad_read(WorkItem& item) {
   if (g.defined()) item.outs[0]->value = g;
 }
 
+// `p.grad = None` (zero_grad's set_to_none): run where it is issued, never part of a block, so
+// that which gradients the previous step made, which decides which ones a zero_grad clears, does
+// not decide which block this step replays (BlockStore::Entry).
+bool clears_grad(const WorkItem& w) {
+  return w.kind == OpKind::GradWrite && w.args.size() > 1 && w.args[1].isNone();
+}
+
 void run_grad_write(WorkItem& item) {
   at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
   const c10::IValue& v = item.args.at(1);
@@ -118,8 +125,9 @@ struct BlockStore {
   // looking ahead at the items issued (GraphRunner::choose). One block per start was left by
   // every iteration that took another path than the last recorded one, and recorded again after
   // kMaxMisses: stochastic downsampling, kept co-executing, replayed 29 of 287 iterations (219
-  // with a block per path). Stochastic depth gains nothing: `zero_grad` writes None only to the
-  // gradients the previous step made, so an iteration's items depend on two steps' draws.
+  // with a block per path). `zero_grad` writes None only to the gradients the previous step
+  // made, so its writes are no block's items (clears_grad): with them, stochastic depth's
+  // iterations depended on two steps' draws and replayed 1 in 28.
   struct Entry {
     std::vector<Path> paths;
     int refusals = 0;  // recordings refused (after kMaxRefusals, no more tries)
@@ -601,12 +609,12 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
       ended = true;
       break;
     }
-    if (w->kind != OpKind::ReleaseTeam && w->kind != OpKind::ClearAutocastCache) {
+    if (w->kind != OpKind::ReleaseTeam && w->kind != OpKind::ClearAutocastCache && !clears_grad(*w)) {
       const auto j = static_cast<uint32_t>(b.seqs.size());
       auto stays = [&](uint32_t i) {
         b.replayer.consider(*paths[i].block);
         return b.replayer.follows(j, *w, s, b.seqs, earlier) &&
-               (w->kind != OpKind::Backward || b.replayer.grads_as_recorded(j, earlier));
+               (w->kind != OpKind::Backward || b.replayer.grads_as_recorded(j, earlier, cleared_before(seq, s)));
       };
       std::vector<uint32_t>& alive = b.alive;
       const auto kept = std::partition(alive.begin(), alive.end(), stays);
@@ -642,11 +650,33 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
   ++counts_[b.graph].chosen;
 }
 
+BlockReplayer::ClearedBefore GraphRunner::cleared_before(uint64_t now, uint64_t looked_at) const {
+  return [this, now, looked_at](uint32_t k, std::vector<const c10::TensorImpl*>& leaves) {
+    const std::vector<uint64_t>& seqs = blocks_->seqs;
+    leaves.clear();
+    const uint64_t end = k < seqs.size() ? seqs[k] : looked_at;
+    const uint64_t begin = k == 0 || k > seqs.size() ? now : std::max(now, seqs[k - 1] + 1);
+    for (uint64_t s = begin; s < end; ++s) {
+      const WorkItem& w = ring_[(s - 1) % ring_.size()];
+      if (!clears_grad(w)) continue;
+      const c10::IValue& target = w.args.at(0);
+      if (!target.isTensor()) return false;
+      const PlaceholderImpl* p = as_placeholder(target.toTensor());
+      if (p && !p->slot()->value.defined()) return false;  // not made yet: unknown
+      leaves.push_back(resolve_placeholder(target.toTensor()).unsafeGetTensorImpl());
+    }
+    return true;
+  };
+}
+
 uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
   // Usually issued already (the program thread runs ahead); otherwise waited for, unless the
-  // program waits for this thread (then the block is found by the first item alone).
-  if (!await_published(seq + 1)) return BlockStore::kNoSecond;
-  const WorkItem& w = ring_[seq % ring_.size()];
+  // program waits for this thread (then the block is found by the first item alone). Cleared
+  // gradients between the two are no block's items (clears_grad).
+  do {
+    if (!await_published(seq + 1)) return BlockStore::kNoSecond;
+  } while (clears_grad(ring_[seq++ % ring_.size()]));
+  const WorkItem& w = ring_[(seq - 1) % ring_.size()];
   const bool graph_item = w.kind == OpKind::Aten || w.kind == OpKind::Backward ||
                           w.kind == OpKind::GradRead || w.kind == OpKind::GradWrite;
   return graph_item && w.iteration == first.iteration ? w.node : BlockStore::kNoSecond;
@@ -695,7 +725,8 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   if (b.binding && p.autograd) return bind(item, b);
   if (p.autograd && p.covered_by == ItemPlan::kNoBackward) return bind(item, b, /*alone=*/true);
   b.binding = false;
-  if (p.kind == OpKind::Backward && !looked_ahead && !b.replayer.grads_as_recorded(index, earlier))
+  if (p.kind == OpKind::Backward && !looked_ahead &&
+      !b.replayer.grads_as_recorded(index, earlier, cleared_before(seq, seq)))
     return leave("grads", true);
   if (p.autograd) {
     // Replayed below autograd only once the backward that consumes its history is issued and
@@ -706,7 +737,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (!await_published(s)) return bind(item, b);
       b.scanned = s;
       const WorkItem& w = ring_[(s - 1) % ring_.size()];
-      if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache) continue;
+      if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache || clears_grad(w)) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
           !b.replayer.follows(j, w, s, b.seqs, earlier)) {
@@ -715,7 +746,8 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
         return leave("ahead");
       }
       b.seqs.push_back(s);
-      if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier)) return leave("grads", true);
+      if (w.kind == OpKind::Backward && !b.replayer.grads_as_recorded(j, earlier, cleared_before(seq, s)))
+        return leave("grads", true);
     }
   }
   b.replayer.run(item);  // each kernel with one thread or the program's (BlockReplayer::run)
@@ -968,6 +1000,10 @@ void GraphRunner::execute(WorkItem& item, uint64_t seq) {
   std::optional<c10::InferenceMode> inference;
   if (item.inference_mode) inference.emplace();
   BlockStore& b = *blocks_;
+  if (clears_grad(item)) {  // in issue order, whatever the block's state: no block holds it
+    run_per_op(item, nullptr);
+    return;
+  }
   if (item.iteration != b.iteration) start_iteration(item, seq);
   if (b.state == BlockStore::State::Replaying && replay(item, seq)) return;
   if (b.state == BlockStore::State::Recording) {

@@ -276,6 +276,11 @@ class GraphRunner {
   // Block replay: of the iteration starting with `item`, at an entry with several paths, which
   // path's block to replay (or, none following, whether to record this one's).
   void choose(const WorkItem& item, uint64_t seq);
+  // BlockReplayer::grads_as_recorded's `cleared`: the gradients cleared by items issued from
+  // `now` (the item about to run) on, between the block's items; `looked_at`: the issue number of
+  // the block item being looked at, not yet in BlockStore::seqs.
+  std::function<bool(uint32_t, std::vector<const c10::TensorImpl*>&)> cleared_before(uint64_t now,
+                                                                                       uint64_t looked_at) const;
   void start_recording(uint64_t graph);
   void flush_counts();                        // the iteration's tallies into counts_
   void use_threads(int n);                    // intra-op threads for the next kernels

@@ -245,20 +245,27 @@ TEST(BlockReplay, TheBackwardOfAnotherLossOfTheSameShapeLeavesTheBlock) {
 
 TEST(BlockReplay, AStartWithTwoPathsKeepsABlockForEachAndChoosesByLookingAhead) {
   // Every third iteration takes path B (its loss adds where A's multiplies). One block per start
-  // was left by every B iteration and B was never recorded (GraphRunner::choose).
+  // was left by every B iteration and B was never recorded (GraphRunner::choose). The paths part
+  // at the block's third item: the gradient set to None first is no block's item, and paths
+  // that part at the second are told apart by it from the start instead (BlockStore::forks).
   at::manual_seed(5);
   SgdProgram eager;
   SgdProgram coexec = eager.twin();
   const at::Tensor two = at::full({5, 3}, 2.0);
+  const at::Tensor half = at::full({5, 3}, 0.5);
   GraphRunner runner;
   Issuer is(runner);
   for (int i = 0; i < 12; ++i) {
     const bool b = i % 3 == 2;
-    eager.eager_step_on([&](const at::Tensor& h) { return (b ? h + two : h * two).sum(); });
+    eager.eager_step_on([&](const at::Tensor& h) {
+      const at::Tensor g = h * half;
+      return (b ? g + two : g * two).sum();
+    });
     at::Tensor h_like;
     const at::Tensor h = coexec.issue_forward_start(is, &h_like);
-    const at::Tensor m = b ? is.aten(op("aten::add", "Tensor"), {h, two, 1}, true, {h_like})[0]
-                           : is.aten(op("aten::mul", "Tensor"), {h, two}, true, {h_like})[0];
+    const at::Tensor g = is.aten(op("aten::mul", "Tensor"), {h, half}, true, {h_like})[0];
+    const at::Tensor m = b ? is.aten(op("aten::add", "Tensor"), {g, two, 1}, true, {h_like})[0]
+                           : is.aten(op("aten::mul", "Tensor"), {g, two}, true, {h_like})[0];
     coexec.issue_backward_and_update(is, is.aten(op("aten::sum", ""), {m, c10::IValue()}, true, {h_like.sum()})[0]);
   }
   runner.drain();
