@@ -133,7 +133,7 @@ struct RecordedKernel {
 
 // One item of the block: what it was, and how to run it again.
 struct ItemPlan {
-  OpKind kind = OpKind::Aten;
+  OpKind kind{};  // zero: OpKind::Aten (declared in graph_runner.h)
   uint32_t node = 0;
   const c10::OperatorHandle* op = nullptr;
   // Ran through autograd when recorded and its history is consumed by the backward at item
