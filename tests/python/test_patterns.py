@@ -5,7 +5,9 @@ autocast, generators, data-dependent shapes, shape ops, packed RNNs, freezing, e
 generators feeding batches, reseeding, spectral and weight norm, gradient penalties, gradient
 accumulation, NumPy memory changed from Python. Written in session 43, where they found six engine
 bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory saved for the
-backward, torch.func transforms, sparse gradients, complex scalars in recorded blocks)."""
+backward, torch.func transforms, sparse gradients, complex scalars in recorded blocks). Session 44
+added gradients cleared (`.grad = None`) between two backwards, by hand for a varying set, and
+around a retained graph: those writes run outside the replayed blocks since then."""
 import copy
 import io
 import random
@@ -875,6 +877,75 @@ def prog_ckpt_roundtrip(steps=10):
     return out
 
 
+def prog_gan_clears(steps=30):
+    # Two models, each step clearing one's gradients between the two backwards (set_to_none),
+    # the generator's backward making the discriminator's gradients again.
+    torch.manual_seed(5)
+    g = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 4))
+    d = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+    og = torch.optim.Adam(g.parameters(), lr=1e-3); od = torch.optim.SGD(d.parameters(), lr=1e-2, momentum=0.5)
+    real = torch.randn(16, 4)
+    out = []
+    for i in range(steps):
+        fake = g(torch.randn(16, 3))
+        od.zero_grad()
+        ld = F.softplus(-d(real)).mean() + F.softplus(d(fake.detach())).mean()
+        ld.backward(); od.step()
+        og.zero_grad()
+        lg = F.softplus(-d(fake)).mean()
+        lg.backward(); og.step()
+        out.append((ld.detach().clone(), lg.detach().clone(), [p.grad is None for p in d.parameters()]))
+        if i % 4 == 3:
+            d.zero_grad()  # cleared at the step's end, some steps only
+    out.append([p.detach().clone() for p in list(g.parameters()) + list(d.parameters())])
+    return out
+
+
+def prog_clears_by_step(steps=30):
+    # `.grad = None` written by hand for a step-dependent set of parameters between the backward
+    # and the update (the optimizer then skips them), and gradients read for logging.
+    torch.manual_seed(6)
+    m = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    rng = random.Random(6)
+    x, y = torch.randn(12, 5), torch.randn(12, 1)
+    params = list(m.parameters())
+    out = []
+    for i in range(steps):
+        if i % 5 != 4:
+            opt.zero_grad()  # else the gradients accumulate over two steps
+        loss = F.mse_loss(m(x), y)
+        loss.backward()
+        for j, p in enumerate(params):
+            if rng.random() < 0.3:
+                p.grad = None
+        norms = [p.grad.norm().item() if p.grad is not None else None for p in params]
+        opt.step()
+        out.append((loss.detach().clone(), norms))
+    out.append([p.detach().clone() for p in params])
+    return out
+
+
+def prog_retain_clear(steps=20):
+    # Two backwards over one graph (retain_graph), the gradients cleared between them.
+    torch.manual_seed(7)
+    m = nn.Linear(4, 3)
+    opt = torch.optim.Adagrad(m.parameters(), lr=0.1)
+    x = torch.randn(6, 4)
+    out = []
+    for i in range(steps):
+        h = m(x).tanh()
+        a, b = h.pow(2).sum(), h.sum()
+        opt.zero_grad()
+        a.backward(retain_graph=True)
+        first = m.weight.grad.clone()
+        opt.zero_grad(set_to_none=(i % 2 == 0))
+        b.backward()
+        opt.step()
+        out.append((first, m.weight.grad.clone(), m.bias.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -891,7 +962,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
