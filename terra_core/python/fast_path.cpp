@@ -58,6 +58,12 @@ enum class Form {
   To,
   // Tensor.float(): to.dtype(self, float32), as the binding calls it.
   Float,
+  // Tensor.contiguous() of a tensor that is not contiguous, as Schema. The binding returns a
+  // contiguous tensor itself without an op, so the original takes those (and every call with
+  // arguments): issuing aten::contiguous there was an op the trace had not seen, a fallback in
+  // Hugging Face attention at every one-token step (`o.transpose(1, 2).contiguous()` of shape
+  // [2, 1, 4, 16]).
+  Contiguous,
 };
 
 // Nn: torch._C._nn; VF: torch._VF (what F.* and the nn modules call: an object whose attributes
@@ -171,7 +177,7 @@ Entry entries[] = {
     TERRA_SIZES_METHOD("reshape", "aten::reshape"),
     TERRA_SIZES_METHOD("permute", "aten::permute"),
     TERRA_SIZES_METHOD("expand", "aten::expand"),
-    TERRA_METHOD("contiguous", "aten::contiguous", "", Schema, false, false),
+    TERRA_METHOD("contiguous", "aten::contiguous", "", Contiguous, false, false),
     TERRA_METHOD("masked_fill", "aten::masked_fill", "Scalar", Schema, false, false),
     TERRA_METHOD("__invert__", "aten::bitwise_not", "", Unary, false, false),
     TERRA_FUNCTION(Torch, "layer_norm", "aten::layer_norm", "", Schema, false),  // F.layer_norm
@@ -452,6 +458,8 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
       return nullptr;
     keyword_value = args[nargs];
   }
+  if (e.form == Form::Contiguous && (nargs != 0 || kwnames || THPVariable_Unpack(self).is_contiguous()))
+    return nullptr;
   c10::DispatchKeySet keys;
   const bool method = e.owner == Owner::Tensor;
   if (method && !tensor_arg(self, false, stack, &keys)) return nullptr;
@@ -464,8 +472,9 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
     } else if (!tensor_arg(args[2], false, stack, &keys)) {
       return nullptr;
     }
-  } else if (e.form == Form::Schema || (e.with_arguments_handle && (nargs > (method ? 0 : 1) || kwnames))) {
-    if (e.form != Form::Schema) op = e.with_arguments_handle;
+  } else if (e.form == Form::Schema || e.form == Form::Contiguous ||
+             (e.with_arguments_handle && (nargs > (method ? 0 : 1) || kwnames))) {
+    if (e.form != Form::Schema && e.form != Form::Contiguous) op = e.with_arguments_handle;
     if (!schema_args(op->schema(), method ? 1 : 0, args, nargs, kwnames, e.varargs, stack, &keys)) return nullptr;
   } else if (e.form == Form::To) {
     op = to_args(e, args, nargs, kwnames, stack);

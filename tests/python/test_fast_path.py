@@ -463,3 +463,27 @@ def test_the_last_result_the_fast_path_returned_dies_with_its_iteration():
     s = terra.stats("test_the_last_result_the_fast_path_returned_dies_with_its_iteration.<locals>.results")
     assert s["iterations_coexecuted"] >= 5 and s["ops_fast"] > 0, s
     assert [r() for r in refs] == [None] * len(refs)
+
+
+def test_contiguous_of_a_contiguous_tensor_is_the_tensor_and_no_op():
+    # PyTorch's binding returns a contiguous tensor itself from `.contiguous()`, with no op: the
+    # trace has none there. A transpose over a dimension of size 1 (attention over one new token,
+    # `o.transpose(1, 2).contiguous()`) is contiguous; the fast path issued aten::contiguous for
+    # it, an op the trace had not seen (a fallback at every such iteration).
+    def attend(steps=10):
+        g = torch.Generator().manual_seed(4)
+        q, k, v = (torch.randn(2, 4, 1, 16, generator=g) for _ in range(3))
+        w = torch.randn(2, 3, 8, generator=g)
+        out = []
+        for _ in range(steps):
+            t = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+            c = t.contiguous()
+            out.append((c is t, c.reshape(2, 64).sum(1), w.transpose(1, 2).contiguous() + 1))
+            q = q * 0.5
+        return out
+
+    eager, coexec = attend(), terra.run(attend)
+    assert [e[0] for e in eager] == [c[0] for c in coexec] == [True] * 10
+    assert all(torch.equal(a, b) for e, c in zip(eager, coexec) for a, b in zip(e[1:], c[1:]))
+    s = terra.stats("test_contiguous_of_a_contiguous_tensor_is_the_tensor_and_no_op.<locals>.attend")
+    assert s["iterations_coexecuted"] >= 5 and s["fallbacks"] == 0, s
