@@ -64,6 +64,10 @@ enum class Form {
   // Hugging Face attention at every one-token step (`o.transpose(1, 2).contiguous()` of shape
   // [2, 1, 4, 16]).
   Contiguous,
+  // `~tensor` of a bool or integer tensor, as Unary (bitwise_not). The binding raises TypeError
+  // for the others before any op; the original takes them (the kernel raised
+  // NotImplementedError instead).
+  Invert,
 };
 
 // Nn: torch._C._nn; VF: torch._VF (what F.* and the nn modules call: an object whose attributes
@@ -179,7 +183,7 @@ Entry entries[] = {
     TERRA_SIZES_METHOD("expand", "aten::expand"),
     TERRA_METHOD("contiguous", "aten::contiguous", "", Contiguous, false, false),
     TERRA_METHOD("masked_fill", "aten::masked_fill", "Scalar", Schema, false, false),
-    TERRA_METHOD("__invert__", "aten::bitwise_not", "", Unary, false, false),
+    TERRA_METHOD("__invert__", "aten::bitwise_not", "", Invert, false, false),
     TERRA_FUNCTION(Torch, "layer_norm", "aten::layer_norm", "", Schema, false),  // F.layer_norm
     TERRA_METHOD("pow", "aten::pow", "Tensor_Scalar", Schema, false, false),   // RMSNorm's x.pow(2)
     TERRA_METHOD("rsqrt", "aten::rsqrt", "", Unary, false, false),
@@ -436,6 +440,7 @@ const c10::OperatorHandle* to_args(const Entry& e, PyObject* const* args, Py_ssi
 size_t tensors_of(Form form) {
   switch (form) {
     case Form::Unary:
+    case Form::Invert:
     case Form::UnaryNone:
     case Form::Item:
     case Form::Index: return 1;
@@ -459,6 +464,8 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
     keyword_value = args[nargs];
   }
   if (e.form == Form::Contiguous && (nargs != 0 || kwnames || THPVariable_Unpack(self).is_contiguous()))
+    return nullptr;
+  if (e.form == Form::Invert && !at::isIntegralType(THPVariable_Unpack(self).scalar_type(), /*includeBool=*/true))
     return nullptr;
   c10::DispatchKeySet keys;
   const bool method = e.owner == Owner::Tensor;
