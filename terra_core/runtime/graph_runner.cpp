@@ -94,6 +94,12 @@ bool clears_grad(const WorkItem& w) {
   return w.kind == OpKind::GradWrite && w.args.size() > 1 && w.args[1].isNone();
 }
 
+// Items between a block's items that no block holds: control work (run_control) and cleared
+// gradients. Looking for a path (choose, replay's look-ahead, second_node) passes over them.
+bool no_block_item(const WorkItem& w) {
+  return w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache || clears_grad(w);
+}
+
 void run_grad_write(WorkItem& item) {
   at::Tensor t = resolve_placeholder(item.args.at(0).toTensor());
   const c10::IValue& v = item.args.at(1);
@@ -609,7 +615,7 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
       ended = true;
       break;
     }
-    if (w->kind != OpKind::ReleaseTeam && w->kind != OpKind::ClearAutocastCache && !clears_grad(*w)) {
+    if (!no_block_item(*w)) {
       const auto j = static_cast<uint32_t>(b.seqs.size());
       auto stays = [&](uint32_t i) {
         b.replayer.consider(*paths[i].block);
@@ -671,11 +677,11 @@ BlockReplayer::ClearedBefore GraphRunner::cleared_before(uint64_t now, uint64_t 
 
 uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
   // Usually issued already (the program thread runs ahead); otherwise waited for, unless the
-  // program waits for this thread (then the block is found by the first item alone). Cleared
-  // gradients between the two are no block's items (clears_grad).
+  // program waits for this thread (then the block is found by the first item alone). Items no
+  // block holds between the two are passed over.
   do {
     if (!await_published(seq + 1)) return BlockStore::kNoSecond;
-  } while (clears_grad(ring_[seq++ % ring_.size()]));
+  } while (no_block_item(ring_[seq++ % ring_.size()]));
   const WorkItem& w = ring_[(seq - 1) % ring_.size()];
   const bool graph_item = w.kind == OpKind::Aten || w.kind == OpKind::Backward ||
                           w.kind == OpKind::GradRead || w.kind == OpKind::GradWrite;
@@ -737,7 +743,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       if (!await_published(s)) return bind(item, b);
       b.scanned = s;
       const WorkItem& w = ring_[(s - 1) % ring_.size()];
-      if (w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache || clears_grad(w)) continue;
+      if (no_block_item(w)) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
           !b.replayer.follows(j, w, s, b.seqs, earlier)) {

@@ -296,6 +296,7 @@ class GraphRunner {
   // How many items the Python thread waits for (0: it does not wait).
   uint64_t python_backlog() const {
     const uint64_t w = waiter_.load();
+    if (w == 0) return 0;  // nearly always: `done_` is not read (python_blocked runs per item)
     const uint64_t d = done_.load();
     return w > d ? w - d : 0;
   }
