@@ -41,6 +41,7 @@ struct RuntimeNode {
   uint64_t dispatched = 0;
   // The successor taken last: the next op is checked against it first (matching_successor).
   uint32_t next = UINT32_MAX;
+  uint32_t next_edge = UINT32_MAX;  // the TraceGraph's edge to `next`
 };
 
 struct Graph {

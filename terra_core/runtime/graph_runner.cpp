@@ -274,7 +274,16 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 
 }  // namespace
 
-GraphRunner::GraphRunner(size_t capacity) : ring_(capacity), issued_bytes_(capacity) {
+namespace {
+size_t power_of_two_at_least(size_t n) {
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+}  // namespace
+
+GraphRunner::GraphRunner(size_t capacity)
+    : ring_(power_of_two_at_least(capacity)), issued_bytes_(ring_.size()), ring_mask_(ring_.size() - 1) {
   blocks_ = std::make_unique<BlockStore>();
   blocks_->replayer.set_program_waits([this] { return python_backlog(); });
   lanes_ = std::make_unique<KernelLanes>([this] {
@@ -302,7 +311,7 @@ WorkItem& GraphRunner::next_item() {
     wait_for(issued_ + ring_.size() / 4 - ring_.size());
     reclaim(/*all=*/true);
   }
-  return ring_[issued_ % ring_.size()];
+  return item_at(issued_);
 }
 
 void GraphRunner::wake() {
@@ -312,7 +321,7 @@ void GraphRunner::wake() {
 
 uint64_t GraphRunner::issue(uint64_t out_bytes) {
   bytes_ += out_bytes;
-  issued_bytes_[issued_ % issued_bytes_.size()] = bytes_;
+  issued_bytes_[issued_ & ring_mask_] = bytes_;
   ++issued_;
   // seq_cst store, then the load of `sleeping_`: either this thread sees the GraphRunner asleep
   // or the GraphRunner, which stores `sleeping_` before it looks at `published_`, sees the item.
@@ -323,7 +332,7 @@ uint64_t GraphRunner::issue(uint64_t out_bytes) {
 }
 
 uint64_t GraphRunner::bytes_before(uint64_t n) const {
-  return n == 0 ? 0 : issued_bytes_[(n - 1) % issued_bytes_.size()];
+  return n == 0 ? 0 : issued_bytes_[(n - 1) & ring_mask_];
 }
 
 bool GraphRunner::few_to_drop(uint64_t upto) const {
@@ -347,14 +356,14 @@ void GraphRunner::reclaim(bool all, PlaceholderPool* pool) {
       for (c10::IValue& v : item.args) pool->offer(v);
   };
   for (; reclaimed_ < held; ++reclaimed_) {
-    WorkItem& item = ring_[reclaimed_ % ring_.size()];
+    WorkItem& item = item_at(reclaimed_);
     if (reclaimed_ >= lightened_) offer(item);
     item.clear();
   }
   lightened_ = std::max(lightened_, reclaimed_);
   if (!all && few_to_drop(d)) return;
   for (; lightened_ < d; ++lightened_) {
-    WorkItem& item = ring_[lightened_ % ring_.size()];
+    WorkItem& item = item_at(lightened_);
     offer(item);
     item.drop_placeholders();
   }
@@ -605,7 +614,7 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
   for (uint32_t i = 0; i < paths.size(); ++i) b.alive[i] = i;
   b.seqs.clear();
   auto earlier = [&](uint32_t j) -> const WorkItem* {
-    return j < b.seqs.size() ? &ring_[(b.seqs[j] - 1) % ring_.size()] : nullptr;
+    return j < b.seqs.size() ? &item_at(b.seqs[j] - 1) : nullptr;
   };
   bool ended = false;  // the whole iteration was looked at
   uint64_t s = seq;
@@ -633,7 +642,7 @@ void GraphRunner::choose(const WorkItem& item, uint64_t seq) {
       }
     }
     if (!await_published(++s)) break;
-    w = &ring_[(s - 1) % ring_.size()];
+    w = &item_at(s - 1);
   }
   b.scanned = b.seqs.empty() ? 0 : b.seqs.back();
   if (ended) {  // only a path that ends here matches the whole iteration
@@ -663,7 +672,7 @@ BlockReplayer::ClearedBefore GraphRunner::cleared_before(uint64_t now, uint64_t 
     const uint64_t end = k < seqs.size() ? seqs[k] : looked_at;
     const uint64_t begin = k == 0 || k > seqs.size() ? now : std::max(now, seqs[k - 1] + 1);
     for (uint64_t s = begin; s < end; ++s) {
-      const WorkItem& w = ring_[(s - 1) % ring_.size()];
+      const WorkItem& w = item_at(s - 1);
       if (!clears_grad(w)) continue;
       const c10::IValue& target = w.args.at(0);
       if (!target.isTensor()) return false;
@@ -681,8 +690,8 @@ uint32_t GraphRunner::second_node(const WorkItem& first, uint64_t seq) {
   // block holds between the two are passed over.
   do {
     if (!await_published(seq + 1)) return BlockStore::kNoSecond;
-  } while (no_block_item(ring_[seq++ % ring_.size()]));
-  const WorkItem& w = ring_[(seq - 1) % ring_.size()];
+  } while (no_block_item(item_at(seq++)));
+  const WorkItem& w = item_at(seq - 1);
   const bool graph_item = w.kind == OpKind::Aten || w.kind == OpKind::Backward ||
                           w.kind == OpKind::GradRead || w.kind == OpKind::GradWrite;
   return graph_item && w.iteration == first.iteration ? w.node : BlockStore::kNoSecond;
@@ -714,7 +723,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     return false;
   };
   auto earlier = [&](uint32_t j) -> const WorkItem* {
-    return j < b.seqs.size() ? &ring_[(b.seqs[j] - 1) % ring_.size()] : nullptr;
+    return j < b.seqs.size() ? &item_at(b.seqs[j] - 1) : nullptr;
   };
   const uint32_t index = b.replayer.next();
   const bool looked_ahead = index < b.seqs.size();  // followed, gradients checked (below)
@@ -742,7 +751,7 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
       const uint64_t s = std::max(b.scanned, seq) + 1;
       if (!await_published(s)) return bind(item, b);
       b.scanned = s;
-      const WorkItem& w = ring_[(s - 1) % ring_.size()];
+      const WorkItem& w = item_at(s - 1);
       if (no_block_item(w)) continue;
       const auto j = static_cast<uint32_t>(b.seqs.size());
       if (w.kind == OpKind::EndIteration || w.iteration != item.iteration ||
@@ -889,8 +898,8 @@ void GraphRunner::loop() {
       if (!wait_for_work(next)) break;
       continue;
     }
-    WorkItem& item = ring_[next % ring_.size()];
-    if (published > next + 1) prefetch(ring_[(next + 1) % ring_.size()]);
+    WorkItem& item = item_at(next);
+    if (published > next + 1) prefetch(item_at(next + 1));
     // After a failure, later items are skipped: the program state stays as eager execution
     // would have left it at the failing op, and the error is raised in the Python thread.
     if (!failed_.load(std::memory_order_relaxed)) {
@@ -938,7 +947,7 @@ void GraphRunner::loop() {
 
 void GraphRunner::WarningCapture::process(const c10::Warning& warning) {
   // Runner thread: `done_` moves past an item only after it ran, so the item running is the next.
-  const WorkItem& item = runner->ring_[runner->done_.load(std::memory_order_relaxed) % runner->ring_.size()];
+  const WorkItem& item = runner->item_at(runner->done_.load(std::memory_order_relaxed));
   std::lock_guard<std::mutex> lock(runner->warnings_mutex_);
   if (runner->warnings_.size() < kMaxWarnings) runner->warnings_.push_back(RunnerWarning{warning, item.graph, item.node});
   runner->has_warnings_.store(true, std::memory_order_release);

@@ -258,6 +258,8 @@ class GraphRunner {
   static constexpr uint64_t kDropItems = 32;
   static constexpr uint64_t kDropBytes = 4 << 10;
   uint64_t bytes_before(uint64_t n) const;  // output bytes of the first n items issued
+  WorkItem& item_at(uint64_t index) { return ring_[index & ring_mask_]; }  // index: seq - 1
+  const WorkItem& item_at(uint64_t index) const { return ring_[index & ring_mask_]; }
   bool few_to_drop(uint64_t upto) const;    // items [lightened_, upto) are not worth a batch
   void wake();
   void execute(WorkItem& item, uint64_t seq);
@@ -320,7 +322,7 @@ class GraphRunner {
   AutocastState autocast_;  // GraphRunner thread only: the state last applied
 
   static constexpr size_t kLine = 128;  // a cache line pair: Intel's prefetcher fetches two
-  std::vector<WorkItem> ring_;
+  std::vector<WorkItem> ring_;  // a power of two long: indexed by a mask, not a division per op
   // The counters each thread writes per item sit on cache lines of their own (kLine), so that a
   // write by one thread does not take the other's counters from its core (alone, this moved no
   // timing beyond noise; the per-op cost of lines shared between the cores is in reclaim()).
@@ -330,6 +332,7 @@ class GraphRunner {
   uint64_t lightened_ = 0;  // items whose placeholders were dropped
   uint64_t bytes_ = 0;      // output bytes of the items issued so far
   std::vector<uint64_t> issued_bytes_;  // by ring index: `bytes_` once that item was issued
+  uint64_t ring_mask_;                  // ring_.size() - 1
   std::atomic<uint64_t> published_{0};
   // Written by the GraphRunner, per item:
   alignas(kLine) std::atomic<uint64_t> done_{0};

@@ -119,6 +119,9 @@ struct OpTemplate {
   // Its output placeholder may be kept and handed out again (placeholder.h, PlaceholderPool): one small
   // new tensor, not a view, from an ATen op.
   bool reuses_out = false;
+  // Its output's PlaceholderPool::class_of, found at its first issue (program thread only).
+  static constexpr uint32_t kNoPoolClass = UINT32_MAX - 1;
+  mutable uint32_t pool_class = kNoPoolClass;
   static constexpr uint64_t kReuseBytes = 16 * 1024;
   std::vector<ArgSpec> args;
   std::vector<OutSpec> outs;        // flattened tensor outputs, in return order

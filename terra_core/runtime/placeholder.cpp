@@ -251,12 +251,11 @@ bool dead_but_for(const at::Tensor& ref, PlaceholderImpl& p) {
 void PlaceholderPool::offer(c10::IValue& v) {
   if (!v.isTensor()) return;
   PlaceholderImpl* p = v.toTensor().defined() ? as_placeholder(v.toTensor()) : nullptr;
-  if (!p || p->reuse_node_ == PlaceholderImpl::kNoReuse || kept_ == kMaxKept) return;
+  if (!p || p->reuse_class_ == PlaceholderImpl::kNoReuse || kept_ == kMaxKept) return;
   // Dropped from the item first: an item that read it twice (`c * c`) holds it twice.
   at::Tensor t = std::move(v).toTensor();
   v = c10::IValue();
   if (!dead_but_for(t, *p)) return;
-  if (p->reuse_node_ >= by_node_.size()) by_node_.resize(p->reuse_node_ + 1);
   // Its value goes now, as it would have with the placeholder. The slot stays with it where
   // nothing else holds it (its producing item was dropped; its group is the slot's own), for
   // `take` to hand out again: an allocation and a free per op less.
@@ -268,16 +267,28 @@ void PlaceholderPool::offer(c10::IValue& v) {
     p->slot_.reset();
   }
   if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_UnTrack(obj);
-  by_node_[p->reuse_node_].push_back(c10::intrusive_ptr<PlaceholderImpl>::reclaim(
+  by_class_[p->reuse_class_].push_back(c10::intrusive_ptr<PlaceholderImpl>::reclaim(
       static_cast<PlaceholderImpl*>(t.unsafeReleaseTensorImpl())));
   ++kept_;
 }
 
-at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inference, uint64_t seq,
+uint32_t PlaceholderPool::class_of(const TensorMeta& meta) {
+  std::vector<uint32_t>& same_hash = class_index_[meta_hash({meta})];
+  for (uint32_t c : same_hash)
+    if (classes_[c] == meta) return c;
+  if (classes_.size() == kMaxClasses) return PlaceholderImpl::kNoReuse;
+  const auto c = static_cast<uint32_t>(classes_.size());
+  classes_.push_back(meta);
+  by_class_.emplace_back();
+  same_hash.push_back(c);
+  return c;
+}
+
+at::Tensor PlaceholderPool::take(uint32_t cls, const TensorMeta& meta, bool inference, uint64_t seq,
                                  std::shared_ptr<Slot>* slot) {
-  if (node >= by_node_.size() || by_node_[node].empty()) return {};
-  c10::intrusive_ptr<PlaceholderImpl> p = std::move(by_node_[node].back());
-  by_node_[node].pop_back();
+  if (cls >= by_class_.size() || by_class_[cls].empty()) return {};
+  c10::intrusive_ptr<PlaceholderImpl> p = std::move(by_class_[cls].back());
+  by_class_[cls].pop_back();
   --kept_;
   if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_Track(obj);
   // The program may have changed its shape in place (`t.t_()`); inference mode decides the keys
@@ -302,7 +313,7 @@ at::Tensor PlaceholderPool::take(uint32_t node, const TensorMeta& meta, bool inf
 void PlaceholderPool::clear() {
   if (kept_ == 0) return;
   const PyGILState_STATE gil = PyGILState_Ensure();  // they die here, with their Python objects
-  for (auto& kept : by_node_) {
+  for (auto& kept : by_class_) {
     for (auto& p : kept)
       if (PyObject* obj = p->pyobj_slot()->load_pyobj()) PyObject_GC_Track(obj);
     kept.clear();

@@ -232,7 +232,8 @@ at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
   // it with what it never takes.
   if (out.reuse) {  // an ATen op's new output (OpTemplate::reuses_out), with a slot of its own
     std::shared_ptr<Slot> slot;
-    if (at::Tensor p = pool_.take(out.node_id, o.meta, out.inference, out.seq, &slot); p.defined()) {
+    if (t.pool_class == OpTemplate::kNoPoolClass) t.pool_class = pool_.class_of(o.meta);
+    if (at::Tensor p = pool_.take(t.pool_class, o.meta, out.inference, out.seq, &slot); p.defined()) {
       ++graph_->placeholders_reused;
       out.item.outs[index] = std::move(slot);
       return p;  // still in live_
@@ -268,7 +269,7 @@ at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
     static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_view_base(std::move(root));
   }
   if (t.indexed_view != IndexedView::None) p.unsafeGetTensorImpl()->set_storage_offset(t.view_offset(args));
-  if (out.reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_node(out.node_id);
+  if (out.reuse) static_cast<PlaceholderImpl*>(p.unsafeGetTensorImpl())->set_reuse_class(t.pool_class);
   out.item.outs[index] = std::move(slot);
   live_.emplace_back(p.getIntrusivePtr());
   return p;

@@ -431,8 +431,14 @@ uint32_t PythonRunner::matching_successor(uint64_t lookup, const torch::jit::Sta
 bool PythonRunner::take_edge(uint32_t node) {
   bool added = false;
   if (cur_ != kNoNode) {
-    added = graph_->trace.take(cur_, node);
-    graph_->nodes[cur_].next = node;
+    RuntimeNode& from = graph_->nodes[cur_];
+    if (from.next == node) {
+      graph_->trace.retake(from.next_edge);
+    } else {
+      added = graph_->trace.take(cur_, node);
+      from.next = node;
+      from.next_edge = graph_->trace.find_edge(cur_, node);
+    }
   }
   cur_ = node;
   path_.push_back(node);

@@ -80,6 +80,13 @@ bool TraceGraph::take(NodeId from, NodeId to) {
   return added;
 }
 
+void TraceGraph::retake(EdgeId e) {
+  ControlEdge& edge = edges_.at(e);
+  edge.count++;
+  if (edge.from == kEntryNode) nodes_[kEntryNode].count++;
+  nodes_[edge.to].count++;
+}
+
 bool TraceGraph::end_path(const std::vector<NodeId>& path, TraceEnd end) {
   take(path.empty() ? kEntryNode : path.back(), kExitNode);
   ends_[static_cast<int>(end)]++;

@@ -125,6 +125,9 @@ class TraceGraph {
   // Counts the control edge from -> to (adding it if new) and a visit of `to` (and of the entry,
   // where a path starts); true if the edge is new.
   bool take(NodeId from, NodeId to);
+  // take() of an edge the caller found before (take's `from`, `to` are the edge's own): no search
+  // of `from`'s successors, which a co-executed op would do per op otherwise.
+  void retake(EdgeId e);
   // A path ended after its last node (the edge into exit is taken); true if this sequence of nodes
   // was not recorded before.
   bool end_path(const std::vector<NodeId>& path, TraceEnd end = TraceEnd::Normal);
