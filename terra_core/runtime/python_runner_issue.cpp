@@ -197,7 +197,7 @@ void PythonRunner::make_outputs(WorkItem& item, uint32_t node_id, const OpTempla
   Outputs out{item, node_id, t, args, seq, reuse, /*inference=*/false, /*base_group=*/nullptr};
   for (const c10::IValue& v : args) {
     if (v.isTensor()) {
-      if (auto* p = as_placeholder(v.toTensor())) out.base_group = p->group();
+      if (auto* p = as_placeholder(v.toTensor())) out.base_group = &p->group();
       break;
     }
   }
@@ -243,7 +243,8 @@ at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
   slot->seq = out.seq;
   slot->runner_allocated = t.kind == OpKind::Aten;
   std::shared_ptr<AliasGroup> group;
-  if (t.kind == OpKind::Aten) group = o.view ? out.base_group : own_group(slot);
+  if (t.kind == OpKind::Aten && !o.view) group = own_group(slot);
+  if (t.kind == OpKind::Aten && o.view && out.base_group) group = *out.base_group;
   // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
   // placeholder made there would be an inference tensor, without a version counter to share).
   const bool normal_view = o.view && out.inference && !args.empty() && args[0].isTensor() &&
