@@ -23,11 +23,17 @@ FreeList& free_list(size_t size) {
   return t_free_lists->back();
 }
 
+// Blocks start on a cache line and fill whole lines: the GraphRunner writes what it fills in a
+// block (a slot's value) while the program thread writes a neighbouring block's reference counts,
+// and on a shared line each write fetched the line from the other core.
+constexpr size_t kLine = 64;
+size_t whole_lines(size_t size) { return (size + kLine - 1) / kLine * kLine; }
+
 }  // namespace
 
 void* pool_allocate(size_t size) {
   FreeList& l = free_list(size);
-  if (l.blocks.empty()) return ::operator new(size);
+  if (l.blocks.empty()) return ::operator new(whole_lines(size), std::align_val_t{kLine});
   void* block = l.blocks.back();
   l.blocks.pop_back();
   return block;
@@ -38,7 +44,7 @@ void pool_free(void* block, size_t size) {
   if (l.blocks.size() < kPoolBlocks) {
     l.blocks.push_back(block);
   } else {
-    ::operator delete(block);
+    ::operator delete(block, whole_lines(size), std::align_val_t{kLine});
   }
 }
 

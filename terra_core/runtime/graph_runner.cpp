@@ -968,8 +968,10 @@ void GraphRunner::prefetch(const WorkItem& item) {
   if (!item.args.empty()) __builtin_prefetch(item.args.data());
   if (item.outs.empty()) return;
   __builtin_prefetch(item.outs.data());
+  // For writing: only the value's line, not the slot's first one, which holds what the program
+  // thread writes (Slot).
   for (const auto& slot : item.outs)
-    if (slot) __builtin_prefetch(slot.get(), /*write=*/1);
+    if (slot) __builtin_prefetch(&slot->value, /*write=*/1);
 }
 
 bool GraphRunner::run_control(const WorkItem& item) {
