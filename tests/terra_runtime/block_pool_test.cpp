@@ -45,5 +45,26 @@ TEST(BlockPool, SlotsAndPlaceholdersComeFromThePool) {
   EXPECT_EQ(first.second, second.second);
 }
 
+TEST(BlockPool, BlocksStartOnACacheLine) {
+  for (size_t size : {24, 80, 200, 264}) {
+    void* a = pool_allocate(size);
+    void* b = pool_allocate(size);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u) << size;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u) << size;
+    pool_free(b, size);
+    pool_free(a, size);
+  }
+}
+
+// The GraphRunner writes a slot's value; the program thread writes its reference counts (which
+// std::allocate_shared puts just before the slot) and its first fields.
+TEST(BlockPool, ASlotsValueIsOnTheLineAfterItsFirstFields) {
+  auto slot = std::allocate_shared<Slot>(PoolAllocator<Slot>());
+  const auto first = reinterpret_cast<uintptr_t>(slot.get());
+  const auto value = reinterpret_cast<uintptr_t>(&slot->value);
+  EXPECT_EQ(value % 64, 0u);
+  EXPECT_EQ(value / 64, first / 64 + 1);
+}
+
 }  // namespace
 }  // namespace terra::runtime
