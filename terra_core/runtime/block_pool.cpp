@@ -26,14 +26,13 @@ FreeList& free_list(size_t size) {
 // Blocks start on a cache line and fill whole lines: the GraphRunner writes what it fills in a
 // block (a slot's value) while the program thread writes a neighbouring block's reference counts,
 // and on a shared line each write fetched the line from the other core.
-constexpr size_t kLine = 64;
-size_t whole_lines(size_t size) { return (size + kLine - 1) / kLine * kLine; }
+size_t whole_lines(size_t size) { return (size + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
 
 }  // namespace
 
 void* pool_allocate(size_t size) {
   FreeList& l = free_list(size);
-  if (l.blocks.empty()) return ::operator new(whole_lines(size), std::align_val_t{kLine});
+  if (l.blocks.empty()) return ::operator new(whole_lines(size), std::align_val_t{kBlockAlign});
   void* block = l.blocks.back();
   l.blocks.pop_back();
   return block;
@@ -44,7 +43,7 @@ void pool_free(void* block, size_t size) {
   if (l.blocks.size() < kPoolBlocks) {
     l.blocks.push_back(block);
   } else {
-    ::operator delete(block, whole_lines(size), std::align_val_t{kLine});
+    ::operator delete(block, whole_lines(size), std::align_val_t{kBlockAlign});
   }
 }
 

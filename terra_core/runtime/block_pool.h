@@ -14,6 +14,9 @@ namespace terra::runtime {
 void* pool_allocate(size_t size);
 void pool_free(void* block, size_t size);
 constexpr size_t kPoolBlocks = 4096;
+// Every pooled block starts on a cache line and fills whole lines (block_pool.cpp): layouts that
+// keep what the two threads write on lines apart (Slot) count on it.
+constexpr size_t kBlockAlign = 64;
 
 // std::allocator-like: single objects from the pool (allocate_shared<Slot>(PoolAllocator<Slot>())
 // puts a slot and its control block in one pooled block; a node-based container's nodes), arrays

@@ -47,8 +47,11 @@ struct Slot {
   // `value` is a kernel's output, allocated in the GraphRunner thread: when the slot dies in a
   // thread with a value graveyard, the value goes there instead of being freed at once.
   bool runner_allocated = false;
-  // With the counts' 16 bytes and the fields above, `value` starts 64 bytes after the counts.
-  char apart_from_the_counts_[64 - 16 - sizeof(uint64_t) - sizeof(AliasGroup) - sizeof(uint64_t)] = {};
+  // The counts (libstdc++: 16 bytes, at the start of the pooled block, kBlockAlign) and the three
+  // fields above (the bool padded to 8) fill the block's first line; `value` starts the next
+  // (BlockPool.ASlotsValueIsOnTheLineAfterItsFirstFields checks it).
+  static constexpr size_t kCountsBytes = 16;
+  char apart_from_the_counts_[kBlockAlign - kCountsBytes - 3 * sizeof(uint64_t)] = {};
   at::Tensor value;
   // The item after which the GraphRunner drops `value`: the last item that reads it, once nothing
   // but that item can reach the value any more (DeadValueWatch). 0: not known.

@@ -243,8 +243,7 @@ at::Tensor PythonRunner::make_output(const Outputs& out, size_t index) {
   slot->seq = out.seq;
   slot->runner_allocated = t.kind == OpKind::Aten;
   std::shared_ptr<AliasGroup> group;
-  if (t.kind == OpKind::Aten && !o.view) group = own_group(slot);
-  if (t.kind == OpKind::Aten && o.view && out.base_group) group = *out.base_group;
+  if (t.kind == OpKind::Aten) group = !o.view ? own_group(slot) : out.base_group ? *out.base_group : nullptr;
   // In inference mode a view of a normal tensor is a normal tensor, as eager makes it (a
   // placeholder made there would be an inference tensor, without a version counter to share).
   const bool normal_view = o.view && out.inference && !args.empty() && args[0].isTensor() &&
