@@ -37,6 +37,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"grad_reads_between_replayed_items", c.extra_reads},
           {"bound_kernels_one_thread", c.bound_one_thread},
           {"kernels_spread_while_waited", c.spread},
+          {"kernels_spread_elementwise", c.spread_elementwise},
           {"random_fills_inlined", c.random_fills},
           {"results_reused", c.results_reused},
           {"views_remade", c.views_remade},

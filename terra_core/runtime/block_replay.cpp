@@ -1569,7 +1569,7 @@ void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
 
 bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone, bool* tried) {
   constexpr size_t kMaxArgs = 4;  // addcmul's: self, tensor1, tensor2, value
-  if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || (alone && k.spread) || k.args.size() > kMaxArgs)
+  if (k.view || k.random != RandomFill::Op::None || k.outs != 1 || k.args.size() > kMaxArgs)
     return false;
   const c10::IValue* args[kMaxArgs];
   c10::IValue owned[kMaxArgs];  // a list element or a leaf's gradient, which have no place to be read in
@@ -1628,11 +1628,23 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   const int threads = k.one_thread && !spreads ? 1 : num_threads;
   if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
   if (threads > 1 && k.large) note_parallel_region();
+  // A kernel marked for spreading that runs on one thread is timed: one that ran in under
+  // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
+  // from the cache file skips the recording's own one-thread runs) and is spread no more.
+  const bool timed = alone && k.spread && threads == 1;
   // An elementwise kernel reads its arguments in place: copies of them would write the reference
   // counts of tensors the program thread holds and counts too (a parameter, a batch, the `y` of a
-  // `z = z + y` chain), a cache line moving between the two cores at every op.
+  // `z = z + y` chain), a cache line moving between the two cores at every op. Spread (the
+  // program's count while the program waits), it runs through its kept iterator too, its parallel
+  // region split as eager execution splits it: same partition, same bits.
   bool tried = false;  // run_elementwise asked the ElementwiseReplay already
-  if (k.elementwise && threads == 1 && run_elementwise(k, alone, &tried)) return;
+  if (k.elementwise && !timed) {
+    TeamRegion region(alone && threads > 1 && opens_region(k));
+    if (run_elementwise(k, alone, &tried)) {
+      spread_elementwise_ += spreads;
+      return;
+    }
+  }
   stack.clear();
   stack.reserve(k.args.size());
   for (const Ref& a : k.args) stack.push_back(value(a));
@@ -1646,10 +1658,6 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
     }
   }
   at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
-  // A kernel marked for spreading that runs on one thread is timed: one that ran in under
-  // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
-  // from the cache file skips the recording's own one-thread runs) and is spread no more.
-  const bool timed = alone && k.spread && threads == 1;
   const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
   if (filled) ++random_fills_;  // a barrier: never on a helping thread

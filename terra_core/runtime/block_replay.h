@@ -344,6 +344,8 @@ class BlockReplayer {
   uint64_t bound_one_thread() const { return bound_one_thread_; }
   // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
   uint64_t spread() const { return spread_; }
+  // Of those, elementwise kernels run through their kept iterator (ElementwiseReplay).
+  uint64_t spread_elementwise() const { return spread_elementwise_; }
   // Random kernels replayed with their draws made in batches (RandomFill).
   uint64_t random_fills() const { return random_fills_; }
   // Elementwise kernels whose result went into their kept last one (ElementwiseReplay).
@@ -375,6 +377,7 @@ class BlockReplayer {
   uint64_t kernels_ = 0;
   uint64_t bound_one_thread_ = 0;
   uint64_t spread_ = 0;
+  uint64_t spread_elementwise_ = 0;
   uint64_t random_fills_ = 0;
   uint64_t results_reused_ = 0;
   uint64_t aliases_ = 0;

@@ -199,6 +199,7 @@ struct BlockStore {
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
   uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
   uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
+  uint64_t spread_elementwise_counted = 0;  // replayer.spread_elementwise() at the last flush_counts
   uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
   uint64_t results_reused_counted = 0;    // replayer.results_reused() at the last flush_counts
   uint64_t aliases_counted = 0;           // replayer.aliases() at the last flush_counts
@@ -514,6 +515,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.extra_reads += c.extra_reads;
     total.bound_one_thread += c.bound_one_thread;
     total.spread += c.spread;
+    total.spread_elementwise += c.spread_elementwise;
     total.random_fills += c.random_fills;
     total.results_reused += c.results_reused;
     total.views_remade += c.views_remade;
@@ -530,6 +532,7 @@ void GraphRunner::flush_counts() {
   const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
   const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
   const uint64_t spread = b.replayer.spread() - b.spread_counted;
+  const uint64_t spread_elementwise = b.replayer.spread_elementwise() - b.spread_elementwise_counted;
   const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
   const uint64_t helped = b.replayer.helped() - b.helped_counted;
   const uint64_t results_reused = b.replayer.results_reused() - b.results_reused_counted;
@@ -551,6 +554,8 @@ void GraphRunner::flush_counts() {
   b.bound_one_thread_counted = b.replayer.bound_one_thread();
   c.spread += spread;
   b.spread_counted = b.replayer.spread();
+  c.spread_elementwise += spread_elementwise;
+  b.spread_elementwise_counted = b.replayer.spread_elementwise();
   c.random_fills += random_fills;
   b.random_fills_counted = b.replayer.random_fills();
   c.results_reused += results_reused;

@@ -238,6 +238,7 @@ class GraphRunner {
     uint64_t bound_one_thread = 0;  // kernels of bound items run with one thread
     // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
     uint64_t spread = 0;
+    uint64_t spread_elementwise = 0;  // of those, elementwise kernels through their kept iterator
     uint64_t helped = 0;        // kernels the waiting program thread ran (kernel_lanes.h)
     uint64_t random_fills = 0;  // random kernels replayed with their draws made in batches (random_fill.h)
     uint64_t results_reused = 0;  // elementwise results written into their kernel's kept last one

@@ -263,13 +263,15 @@ def test_short_large_kernels_run_with_the_programs_threads_while_it_waits_for_ma
     # The program waits for some 300 us of large kernels at its `.item()` (kSpreadBacklogNs): they
     # take its threads then, as eagerly, though none is long and the workers are asleep after
     # the pause (without the kSpreadBacklogNs case: 7 of 472 kernels spread, against 455). Same
-    # bits either way.
+    # bits either way. Spread, the `mul`s and `add`s run through their kept TensorIterators
+    # (elementwise_replay.h), split over the threads as eagerly.
     with intra_op_threads(2):
         (ze, se), (zc, sc) = elementwise_chain(12), terra.run(elementwise_chain, 12)
     assert se == sc and torch.equal(ze, zc)
     s = terra.stats("elementwise_chain")
     assert s["iterations_replayed"] >= 5, s
     assert s["kernels_spread_while_waited"] >= s["iterations_replayed"] * 32, s
+    assert s["kernels_spread_elementwise"] >= s["iterations_replayed"] * 32, s
 
 
 def test_a_replayed_loss_has_a_grad_fn_and_a_second_backward_raises_as_in_eager():

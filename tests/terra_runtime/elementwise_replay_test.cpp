@@ -3,6 +3,7 @@
 #include "elementwise_replay.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
@@ -310,6 +311,43 @@ TEST(ElementwiseReplay, AdamsOtherKernelsGiveTheDispatchersBits) {
       EXPECT_EQ(4u, replay.runs()) << c.name;
     }
   }
+}
+
+// Spread over the program's two intra-op threads (BlockReplayer::run_kernel while the program
+// waits), a kernel on tensors above ATen's grain size splits its iterator's range as the
+// dispatched operator does at that count: the same bits, the ragged end of each thread's part
+// included (an odd element count, a transposed input).
+TEST(ElementwiseReplay, TwoThreadsSplitTheRangeAsTheDispatcherDoes) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  struct Case {
+    const char* name;
+    const char* overload;
+    int tensors;
+    bool number;
+  };
+  for (const Case& c : {Case{"aten::add", "Tensor", 2, false}, Case{"aten::mul", "Tensor", 2, false},
+                        Case{"aten::div", "Tensor", 2, false}, Case{"aten::lerp", "Scalar", 2, true},
+                        Case{"aten::addcdiv", "", 3, true}, Case{"aten::sqrt", "", 1, false}}) {
+    const auto& op = handle(c.name, c.overload);
+    ElementwiseReplay replay(ElementwiseReplay::covered(op));
+    at::manual_seed(11);
+    for (int run = 0; run < 3; ++run) {
+      auto make = [](std::vector<int64_t> sizes) { return at::rand(sizes, at::kFloat).add(0.1f).mul(3); };
+      const std::vector<at::Tensor> inputs{make({257, 301}).t(), make({301, 257}), make({301, 257})};
+      auto stack_of = [&] {
+        torch::jit::Stack st;
+        for (int i = 0; i < c.tensors; ++i) st.emplace_back(inputs[static_cast<size_t>(i)]);
+        if (std::string(c.name) == "aten::add") st.emplace_back(c10::Scalar(1.0));
+        if (c.number) st.emplace_back(c10::Scalar(0.3 + run));
+        return st;
+      };
+      torch::jit::Stack stack = stack_of();
+      ASSERT_TRUE(replay.run(stack)) << c.name << " run " << run;
+      expect_same(stack[0].toTensor(), dispatched(op, stack_of()));
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 // The new operators take no promotion at all: integer tensors, mixed dtypes and a Python number
