@@ -1632,6 +1632,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   // half of RecordedKernel::kSpreadNs was slow when recorded only by accident (a verdict
   // from the cache file skips the recording's own one-thread runs) and is spread no more.
   const bool timed = alone && k.spread && threads == 1;
+  const bool region = alone && threads > 1 && opens_region(k);  // a TeamRegion around the kernel
   // An elementwise kernel reads its arguments in place: copies of them would write the reference
   // counts of tensors the program thread holds and counts too (a parameter, a batch, the `y` of a
   // `z = z + y` chain), a cache line moving between the two cores at every op. Spread (the
@@ -1639,7 +1640,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   // region split as eager execution splits it: same partition, same bits.
   bool tried = false;  // run_elementwise asked the ElementwiseReplay already
   if (k.elementwise && !timed) {
-    TeamRegion region(alone && threads > 1 && opens_region(k));
+    TeamRegion open(region);
     if (run_elementwise(k, alone, &tried)) {
       spread_elementwise_ += spreads;
       return;
@@ -1666,7 +1667,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
-    TeamRegion region(alone && threads > 1 && opens_region(k));
+    TeamRegion open(region);
     k.op->redispatchBoxed(k.keys, &stack);
   }
   if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))

@@ -13,6 +13,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/llvmMathExtras.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/forward_grad.h>
 
@@ -275,16 +276,10 @@ enum Sleep : int { kAwake = 0, kNapping = 1, kAsleep = 2 };
 
 }  // namespace
 
-namespace {
-size_t power_of_two_at_least(size_t n) {
-  size_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-}  // namespace
-
 GraphRunner::GraphRunner(size_t capacity)
-    : ring_(power_of_two_at_least(capacity)), issued_bytes_(ring_.size()), ring_mask_(ring_.size() - 1) {
+    : ring_(c10::llvm::PowerOf2Ceil(std::max<size_t>(capacity, 1))),
+      issued_bytes_(ring_.size()),
+      ring_mask_(ring_.size() - 1) {
   blocks_ = std::make_unique<BlockStore>();
   blocks_->replayer.set_program_waits([this] { return python_backlog(); });
   lanes_ = std::make_unique<KernelLanes>([this] {

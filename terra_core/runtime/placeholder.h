@@ -25,15 +25,15 @@
 
 namespace terra::runtime {
 
-// Where the GraphRunner puts the value of one op output. Written once by the GraphRunner thread
-// before it publishes `ready_seq` through its completion counter; read by the Python thread only
-// after waiting for that counter.
 // Groups of tensors that share storage (a placeholder and the views made from it). An in-place op
 // on any member records its sequence number here, so a fetch waits for the last writer too.
 struct AliasGroup {
   uint64_t last_write = 0;
 };
 
+// Where the GraphRunner puts the value of one op output. Written once by the GraphRunner thread
+// before it publishes item `seq` done through its completion counter; read by the Python thread only
+// after waiting for that counter.
 struct Slot {
   // What the program thread writes per op comes first, on the line of the reference counts,
   // which std::allocate_shared puts just before the slot and which the program thread also
@@ -48,10 +48,10 @@ struct Slot {
   // thread with a value graveyard, the value goes there instead of being freed at once.
   bool runner_allocated = false;
   // The counts (libstdc++: 16 bytes, at the start of the pooled block, kBlockAlign) and the three
-  // fields above (the bool padded to 8) fill the block's first line; `value` starts the next
-  // (BlockPool.ASlotsValueIsOnTheLineAfterItsFirstFields checks it).
+  // fields above (the bool padded to `value`'s alignment) fill the block's first line; `value`
+  // starts the next (BlockPool.ASlotsValueIsOnTheLineAfterItsFirstFields checks it).
   static constexpr size_t kCountsBytes = 16;
-  char apart_from_the_counts_[kBlockAlign - kCountsBytes - 3 * sizeof(uint64_t)] = {};
+  char apart_from_the_counts_[kBlockAlign - kCountsBytes - sizeof(seq) - sizeof(group) - alignof(at::Tensor)] = {};
   at::Tensor value;
   // The item after which the GraphRunner drops `value`: the last item that reads it, once nothing
   // but that item can reach the value any more (DeadValueWatch). 0: not known.

@@ -435,9 +435,8 @@ bool PythonRunner::take_edge(uint32_t node) {
     if (from.next == node) {
       graph_->trace.retake(from.next_edge);
     } else {
-      added = graph_->trace.take(cur_, node);
+      added = graph_->trace.take(cur_, node, &from.next_edge);
       from.next = node;
-      from.next_edge = graph_->trace.find_edge(cur_, node);
     }
   }
   cur_ = node;

@@ -70,18 +70,17 @@ NodeId TraceGraph::add(const LocationKey& key, std::shared_ptr<const SourceInfo>
   return id;
 }
 
-bool TraceGraph::take(NodeId from, NodeId to) {
+bool TraceGraph::take(NodeId from, NodeId to, EdgeId* edge) {
   EdgeId e = find_edge(from, to);
   const bool added = e == kNone;
   if (added) e = add_edge(from, to);
-  edges_[e].count++;
-  if (from == kEntryNode) nodes_[kEntryNode].count++;
-  nodes_[to].count++;
+  retake(e);
+  if (edge) *edge = e;
   return added;
 }
 
 void TraceGraph::retake(EdgeId e) {
-  ControlEdge& edge = edges_.at(e);
+  ControlEdge& edge = edges_[e];
   edge.count++;
   if (edge.from == kEntryNode) nodes_[kEntryNode].count++;
   nodes_[edge.to].count++;

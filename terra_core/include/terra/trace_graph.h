@@ -123,10 +123,11 @@ class TraceGraph {
   NodeId add(const LocationKey& key, std::shared_ptr<const SourceInfo> source,
              std::vector<TensorMeta> outputs = {});
   // Counts the control edge from -> to (adding it if new) and a visit of `to` (and of the entry,
-  // where a path starts); true if the edge is new.
-  bool take(NodeId from, NodeId to);
-  // take() of an edge the caller found before (take's `from`, `to` are the edge's own): no search
-  // of `from`'s successors, which a co-executed op would do per op otherwise.
+  // where a path starts); true if the edge is new. `edge`: where to store the edge's id, for
+  // retake.
+  bool take(NodeId from, NodeId to, EdgeId* edge = nullptr);
+  // take() of the edge `e` (an id take stored): no search of its source's successors, which a
+  // co-executed op would do per op otherwise.
   void retake(EdgeId e);
   // A path ended after its last node (the edge into exit is taken); true if this sequence of nodes
   // was not recorded before.
