@@ -40,6 +40,7 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"kernels_spread_elementwise", c.spread_elementwise},
           {"random_fills_inlined", c.random_fills},
           {"results_reused", c.results_reused},
+          {"kernels_into_kept_outputs", c.outputs_kept},
           {"views_remade", c.views_remade},
           {"kernels_run_by_waiting_program", c.helped},
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},

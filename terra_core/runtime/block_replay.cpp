@@ -5,6 +5,7 @@
 #include "graph_runner.h"
 #include "op_template.h"
 #include "openmp_team.h"
+#include "out_form.h"
 #include "placeholder.h"
 #include "terra/location_key.h"
 #include "verdicts.h"
@@ -766,6 +767,14 @@ void BlockRecorder::kernel_begin(const c10::OperatorHandle& op, c10::DispatchKey
   k.view = !returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite() &&
            n > 0 && schema.arguments()[0].alias_info() && !schema.arguments()[0].alias_info()->isWrite();
   k.outs = static_cast<uint32_t>(returns.size());
+  // A structured functional kernel on the CPU writes into its kept results where they are free
+  // again (out_form.h); one that reads no tensor (a factory) allocates, as its results' geometry
+  // may follow a number fed anew.
+  const bool reads_tensor = std::any_of(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end(),
+                                        [](const c10::IValue& v) { return v.isTensor() || holds_tensors(v); });
+  if (keys.highestPriorityTypeId() == c10::DispatchKey::CPU && !k.view && k.written.empty() &&
+      k.random == RandomFill::Op::None && reads_tensor)
+    k.out_form = structured_out_form(op);
   m.alias.reset();
   const c10::IValue& first = stack[stack.size() - n];
   bool numbers_only = true;  // besides the input: constants, or numbers re-read from the item
@@ -1621,6 +1630,83 @@ bool BlockReplayer::run_alias(const RecordedKernel& k) {
   return true;
 }
 
+bool BlockReplayer::push_kept(const RecordedKernel& k, torch::jit::Stack& stack) {
+  // Same geometry as the last results: the meta function computes the output's from the inputs'
+  // (which follow the block's) and the constants, so the out= form writes them as they are.
+  for (size_t set = 0; set + k.outs <= k.kept.size(); set += k.outs) {
+    const auto results = c10::ArrayRef<at::Tensor>(k.kept).slice(set, k.outs);
+    if (!std::all_of(results.begin(), results.end(), [](const at::Tensor& t) { return result_free(t); }))
+      continue;
+    for (const at::Tensor& t : results) {
+      forget_history(t);
+      stack.emplace_back(t);
+    }
+    return true;
+  }
+  return false;
+}
+
+bool BlockReplayer::run_out_form(const RecordedKernel& k, torch::jit::Stack& stack) {
+  const size_t n = stack.size();
+  if (!k.out_form || !push_kept(k, stack)) return false;
+  if (k.out_checked) {
+    k.out_form->redispatchBoxed(k.keys, &stack);
+    return true;
+  }
+  // The first time: the functional form on the same arguments as well. The out= form must give
+  // its bits and geometry, in the kept results where they are, without a word (mse_loss's meta
+  // function sizes its output for the unreduced loss first: the out= form resizes a kept
+  // reduced result, with a warning, and its storage moves).
+  torch::jit::Stack functional(stack.begin(), stack.begin() + static_cast<std::ptrdiff_t>(n));
+  std::vector<at::Tensor> kept;
+  std::vector<const void*> data;
+  for (size_t i = n; i < stack.size(); ++i) {
+    kept.push_back(stack[i].toTensor());
+    data.push_back(kept.back().const_data_ptr());
+  }
+  struct Warned : c10::WarningHandler {
+    bool any = false;
+    void process(const c10::Warning&) override { any = true; }
+  } warned;
+  {
+    c10::WarningUtils::WarningHandlerGuard capture(&warned);
+    k.out_form->redispatchBoxed(k.keys, &stack);
+  }
+  k.op->redispatchBoxed(k.keys, &functional);
+  bool same = !warned.any && stack.size() == k.outs && functional.size() == k.outs;
+  for (uint32_t o = 0; o < k.outs && same; ++o) {
+    const at::Tensor& got = stack[o].toTensor();
+    const at::Tensor& want = functional[o].toTensor();
+    same = got.unsafeGetTensorImpl() == kept[o].unsafeGetTensorImpl() && got.const_data_ptr() == data[o] &&
+           got.scalar_type() == want.scalar_type() && same_ints(got.sizes(), want.sizes()) &&
+           same_ints(got.strides(), want.strides()) && got.is_non_overlapping_and_dense() &&
+           std::memcmp(got.const_data_ptr(), want.const_data_ptr(), got.nbytes()) == 0;
+  }
+  if (same) {
+    k.out_checked = true;
+  } else {
+    k.out_form = nullptr;  // allocates its results from now on; these are the functional form's
+    k.kept.clear();
+    stack = std::move(functional);
+  }
+  return true;
+}
+
+void BlockReplayer::keep_results(const RecordedKernel& k, c10::ArrayRef<c10::IValue> outs) {
+  for (const c10::IValue& v : outs)
+    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().nbytes() > kKeptResultBytes ||
+        !v.toTensor().unsafeGetTensorImpl()->has_storage())
+      return;
+  // Two sets: a result the program holds in a variable until the next iteration assigns the
+  // variable again (`h = model(x)` in a loop) is free one replay later.
+  if (k.kept.size() < RecordedKernel::kKeptSets * k.outs) {
+    for (const c10::IValue& v : outs) k.kept.push_back(v.toTensor());
+  } else {
+    for (uint32_t o = 0; o < k.outs; ++o) k.kept[k.next_kept * k.outs + o] = outs[o].toTensor();
+    k.next_kept = (k.next_kept + 1) % RecordedKernel::kKeptSets;
+  }
+}
+
 void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {
   if (k.alias && run_alias(k)) return;
   const bool spreads = alone && spread(k, num_threads);
@@ -1668,7 +1754,12 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
     TeamRegion open(region);
-    k.op->redispatchBoxed(k.keys, &stack);
+    if (run_out_form(k, stack)) {
+      outputs_kept_ += alone;
+    } else {
+      k.op->redispatchBoxed(k.keys, &stack);
+      if (k.out_form) keep_results(k, c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - k.outs));
+    }
   }
   if (timed && std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(RecordedKernel::kSpreadNs / 2))
     k.spread = false;

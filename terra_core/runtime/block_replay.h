@@ -129,6 +129,18 @@ struct RecordedKernel {
   RandomFill::Op random = RandomFill::Op::None;
   // A view made again without its kernel (AliasGeometry); null for the others.
   std::shared_ptr<const AliasGeometry> alias;
+  // The out= form of a structured functional kernel on the CPU (out_form.h), which a replay calls
+  // with the results it kept from the last one where those are free again; null for the others.
+  // Cleared where its first use (BlockReplayer::run_out_form) finds that form differs; checked:
+  // it did not.
+  mutable const c10::OperatorHandle* out_form = nullptr;
+  mutable bool out_checked = false;
+  // Its results of up to kKeptSets earlier replays, `outs` tensors each, where each is at most
+  // kKeptResultBytes; `next_kept`: the set a new one replaces. GraphRunner thread, or the one
+  // helping thread that runs the kernel in a replay (kernel_lanes.h), hence mutable.
+  static constexpr uint32_t kKeptSets = 2;
+  mutable std::vector<at::Tensor> kept;
+  mutable uint32_t next_kept = 0;
 };
 
 // One item of the block: what it was, and how to run it again.
@@ -350,6 +362,8 @@ class BlockReplayer {
   uint64_t random_fills() const { return random_fills_; }
   // Elementwise kernels whose result went into their kept last one (ElementwiseReplay).
   uint64_t results_reused() const { return results_reused_; }
+  // Other kernels run in their out= form into their kept last results (out_form.h).
+  uint64_t outputs_kept() const { return outputs_kept_; }
   uint64_t aliases() const { return aliases_; }  // views made directly (run_alias)
   // Kernels a waiting program thread ran (kernel_lanes.h).
   uint64_t helped() const { return helped_; }
@@ -380,6 +394,7 @@ class BlockReplayer {
   uint64_t spread_elementwise_ = 0;
   uint64_t random_fills_ = 0;
   uint64_t results_reused_ = 0;
+  uint64_t outputs_kept_ = 0;
   uint64_t aliases_ = 0;
   uint64_t helped_ = 0;
   std::function<uint64_t()> program_waits_;
@@ -395,6 +410,15 @@ class BlockReplayer {
   bool run_elementwise(const RecordedKernel& k, bool alone, bool* tried);
   // A view kernel's result made directly (AliasGeometry); false: run the kernel.
   bool run_alias(const RecordedKernel& k);
+  // Kernel `k` in its out= form into its kept results, where it has one and they are free again
+  // (`stack`: its arguments in, its results out); false, the stack unchanged, where not. Its first
+  // use also runs the functional form and keeps that form's results where the two differ in any
+  // way (bits, geometry, where they are, a warning), and the kernel allocates from then on.
+  bool run_out_form(const RecordedKernel& k, torch::jit::Stack& stack);
+  // Pushes the kept results of `k` onto `stack` where all are free again (result_free).
+  static bool push_kept(const RecordedKernel& k, torch::jit::Stack& stack);
+  // After the kernel ran (`outs`: its results): keeps them for the next replay where they are small.
+  static void keep_results(const RecordedKernel& k, c10::ArrayRef<c10::IValue> outs);
   // Kernel `k`, about to run with one intra-op thread, takes the program's `threads` instead: the
   // program waits, and the kernel is long, or the OpenMP workers spin anyway (openmp_team.h), or
   // the large kernels the program waits for, from this one on, are enough work to pay one

@@ -7,6 +7,7 @@
 #define TERRA_ELEMENTWISE_STUBS 1
 #endif
 #include "elementwise_replay.h"
+#include "out_form.h"
 #include "placeholder.h"
 
 #include <ATen/EmptyTensor.h>
@@ -15,7 +16,6 @@
 #include <ATen/native/PointwiseOps.h>
 #include <ATen/native/UnaryOps.h>
 #include <ATen/ops/from_blob.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
 
 #include <cstdlib>
@@ -237,21 +237,7 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
 }
 
 bool ElementwiseReplay::kept_free(const c10::TensorImpl* like) const {
-  if (!kept_.defined()) return false;
-  // Only this reference: nothing reads the value any more, and nothing will (a placeholder that
-  // took its storage or a view would hold the storage; a Python object, a weak reference, autograd
-  // metadata or a version other than a new tensor's would tell it from one).
-  const c10::TensorImpl* impl = kept_.unsafeGetTensorImpl();
-  const c10::VariableVersion& version = impl->version_counter();
-  if (kept_.use_count() != 1 || kept_.weak_use_count() != 1 || kept_.storage().use_count() != 1 ||
-      impl->pyobj_slot()->load_pyobj() || impl->autograd_meta() ||
-      (version.enabled() && (!version.unique() || version.current_version() != 0)) ||
-      !same_ints(kept_.sizes(), like->sizes()) || !same_ints(kept_.strides(), like->strides()) ||
-      kept_.storage_offset() != 0)
-    return false;
-  // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
-  // the thread's state).
-  return version.enabled() != c10::InferenceMode::is_enabled();
+  return result_free(kept_) && same_ints(kept_.sizes(), like->sizes()) && same_ints(kept_.strides(), like->strides());
 }
 
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
@@ -321,11 +307,12 @@ bool ElementwiseReplay::run_inputs(c10::ArrayRef<const c10::IValue*> args, at::T
   if (in_place_) {
     result = a;
   } else if (kept_free(out_was)) {
+    forget_history(kept_);
     result = kept_;
     ++reused_;
   } else {
     result = at::Tensor(at::detail::empty_strided_cpu(out_was->sizes(), out_was->strides(), dtype));
-    if (result.nbytes() <= kKeptBytes) kept_ = result;
+    if (result.nbytes() <= kKeptResultBytes) kept_ = result;
   }
   void* data[kMaxOperands] = {result.data_ptr()};
   for (int i = 0; i < n; ++i) data[i + 1] = in[i]->data_ptr();

@@ -104,12 +104,12 @@ class ElementwiseReplay {
   double double_alpha_ = 0;
   c10::Scalar alpha_;
   uint64_t runs_ = 0;
-  // The last result, if small (at most kKeptBytes): the next run writes into it instead of a new
-  // tensor where nothing else holds it any more (the GraphRunner released it after its last
-  // reader, no placeholder took its storage, no view shares it). Making the result tensor was a
-  // fifth of the GraphRunner's instructions per op on a 1x1 add chain.
+  // The last result, if small (at most kKeptResultBytes, out_form.h): the next run writes into it
+  // instead of a new tensor where nothing else holds it any more (result_free: the GraphRunner
+  // released it after its last reader, no placeholder took its storage, no view shares it).
+  // Making the result tensor was a fifth of the GraphRunner's instructions per op on a 1x1 add
+  // chain.
   at::Tensor kept_;
-  static constexpr size_t kKeptBytes = 16 * 1024;
   bool kept_free(const c10::TensorImpl* like) const;
   uint64_t reused_ = 0;
 

@@ -203,6 +203,7 @@ struct BlockStore {
   uint64_t spread_elementwise_counted = 0;  // replayer.spread_elementwise() at the last flush_counts
   uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
   uint64_t results_reused_counted = 0;    // replayer.results_reused() at the last flush_counts
+  uint64_t outputs_kept_counted = 0;      // replayer.outputs_kept() at the last flush_counts
   uint64_t aliases_counted = 0;           // replayer.aliases() at the last flush_counts
   uint64_t helped_counted = 0;            // replayer.helped() at the last flush_counts
   uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
@@ -513,6 +514,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.spread_elementwise += c.spread_elementwise;
     total.random_fills += c.random_fills;
     total.results_reused += c.results_reused;
+    total.outputs_kept += c.outputs_kept;
     total.views_remade += c.views_remade;
     total.helped += c.helped;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
@@ -531,10 +533,11 @@ void GraphRunner::flush_counts() {
   const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
   const uint64_t helped = b.replayer.helped() - b.helped_counted;
   const uint64_t results_reused = b.replayer.results_reused() - b.results_reused_counted;
+  const uint64_t outputs_kept = b.replayer.outputs_kept() - b.outputs_kept_counted;
   const uint64_t aliases = b.replayer.aliases() - b.aliases_counted;
   if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
       b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0 && helped == 0 &&
-      results_reused == 0 && aliases == 0)
+      results_reused == 0 && outputs_kept == 0 && aliases == 0)
     return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
@@ -555,6 +558,8 @@ void GraphRunner::flush_counts() {
   b.random_fills_counted = b.replayer.random_fills();
   c.results_reused += results_reused;
   b.results_reused_counted = b.replayer.results_reused();
+  c.outputs_kept += outputs_kept;
+  b.outputs_kept_counted = b.replayer.outputs_kept();
   c.views_remade += aliases;
   b.aliases_counted = b.replayer.aliases();
   c.helped += helped;

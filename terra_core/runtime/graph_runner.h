@@ -242,6 +242,7 @@ class GraphRunner {
     uint64_t helped = 0;        // kernels the waiting program thread ran (kernel_lanes.h)
     uint64_t random_fills = 0;  // random kernels replayed with their draws made in batches (random_fill.h)
     uint64_t results_reused = 0;  // elementwise results written into their kernel's kept last one
+    uint64_t outputs_kept = 0;    // other kernels run in their out= form into their kept results (out_form.h)
     uint64_t views_remade = 0;    // view kernels' results made directly (BlockReplayer::run_alias)
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at

@@ -726,6 +726,49 @@ def test_small_elementwise_results_go_into_their_kept_last_one_only_when_nothing
     assert s["iterations_replayed"] > 100 and s["results_reused"] > 0, s
 
 
+def test_structured_kernels_write_into_their_kept_results_only_when_nothing_holds_them():
+    # A replayed structured kernel (mm, addmm, softmax, sum, max.dim, cat...) runs in its out= form
+    # into its last small results where nothing else holds them any more (out_form.h); results the
+    # program keeps, views of them and tensors bumped in place must never be written.
+    def fit(steps=240):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(2)
+        x, y = torch.rand(8, 6, generator=g), torch.rand(8, 4, generator=g)
+        kept, maxima = [], []
+        for i in range(steps):
+            h = model(x * (1.0 + i / steps))
+            p = torch.softmax(h, dim=1)
+            both = torch.cat([p, h], dim=1)
+            values, indices = both.max(dim=1)
+            loss = ((p - y) ** 2).sum(dim=1).mean() + values.mean() * 0.01
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % 7 == 0:
+                kept.append(p)
+            if i % 11 == 0:
+                kept.append(both.view(-1))  # a view holds the storage
+            if i % 13 == 0:
+                h.add_(1.0)  # bumped in place: its version is no new tensor's
+                kept.append(h)
+            maxima.append(indices)
+        return kept, torch.stack(maxima), [q.detach().clone() for q in model.parameters()]
+
+    terra.config(adaptive=False)
+    eager_kept, eager_maxima, eager_params = fit()
+    kept, maxima, params = terra.run(fit)
+    assert len(kept) == len(eager_kept)
+    assert all(torch.equal(a, b) for a, b in zip(eager_kept, kept))
+    assert torch.equal(maxima, eager_maxima)
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
+    s = terra.stats(fit.__qualname__)
+    assert s["iterations_replayed"] > 100, s
+    # Each replayed step has a dozen structured kernels with small results that the program drops.
+    assert s["kernels_into_kept_outputs"] > 5 * s["iterations_replayed"], s
+
+
 def test_views_made_again_directly_read_and_write_as_eagers():
     # Replayed view kernels (t, transpose, select, view, expand) are made without their kernels
     # (block_replay.h AliasGeometry): the views the program keeps read as eager's, writes through

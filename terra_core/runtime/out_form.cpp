@@ -1,0 +1,99 @@
+#include "out_form.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace terra::runtime {
+namespace {
+
+// functional "name.overload" -> its out= form's, as native_functions.yaml spells them (no "aten::").
+struct StructuredPair {
+  std::string_view functional, out;
+};
+constexpr StructuredPair kStructured[] = {
+#include "structured_ops.inc"
+    {"", ""},  // an end for an empty list
+};
+
+std::string yaml_name(const c10::OperatorName& op) {
+  std::string_view name = op.name;
+  if (name.substr(0, 6) == "aten::") name.remove_prefix(6);
+  std::string s(name);
+  if (!op.overload_name.empty()) s += "." + op.overload_name;
+  return s;
+}
+
+// The out= schema is the functional's arguments, then one written tensor per return.
+bool arguments_extend(const c10::FunctionSchema& f, const c10::FunctionSchema& out) {
+  const auto& fa = f.arguments();
+  const auto& oa = out.arguments();
+  if (oa.size() != fa.size() + f.returns().size() || out.returns().size() != f.returns().size()) return false;
+  for (size_t i = 0; i < fa.size(); ++i)
+    if (fa[i].name() != oa[i].name() || *fa[i].type() != *oa[i].type()) return false;
+  for (size_t i = fa.size(); i < oa.size(); ++i) {
+    const c10::AliasInfo* alias = oa[i].alias_info();
+    if (!alias || !alias->isWrite() || oa[i].type()->kind() != c10::TypeKind::TensorType) return false;
+  }
+  for (const c10::Argument& r : f.returns())  // new tensors (an in-place form returns its argument)
+    if (r.type()->kind() != c10::TypeKind::TensorType || r.alias_info()) return false;
+  return true;
+}
+
+const c10::OperatorHandle* find_out_form(const c10::OperatorHandle& functional) {
+  if (functional.hasTag(at::Tag::dynamic_output_shape) || functional.hasTag(at::Tag::data_dependent_output))
+    return nullptr;
+  const std::string name = yaml_name(functional.operator_name());
+  for (const StructuredPair& p : kStructured) {
+    if (p.functional != name) continue;
+    const auto dot = p.out.find('.');
+    const std::string base = "aten::" + std::string(p.out.substr(0, dot));
+    const std::string overload = dot == std::string_view::npos ? "" : std::string(p.out.substr(dot + 1));
+    const auto out = c10::Dispatcher::singleton().findSchema({base, overload});
+    if (!out || !out->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !arguments_extend(functional.schema(), out->schema()))
+      return nullptr;
+    return new c10::OperatorHandle(*out);  // one per operator, for the process
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functional) {
+  static const bool off = [] {  // TERRA_OUT_FORM=0: every result allocated anew (A/B runs)
+    const char* v = std::getenv("TERRA_OUT_FORM");
+    return v && std::string(v) == "0";
+  }();
+  if (off) return nullptr;
+  static std::mutex mutex;
+  static std::unordered_map<c10::OperatorName, const c10::OperatorHandle*> found;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, added] = found.try_emplace(functional.operator_name(), nullptr);
+  if (added) it->second = find_out_form(functional);
+  return it->second;
+}
+
+bool result_free(const at::Tensor& kept) {
+  if (!kept.defined()) return false;
+  const c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
+  const c10::VariableVersion& version = impl->version_counter();
+  if (kept.use_count() != 1 || kept.weak_use_count() != 1 || !impl->has_storage() ||
+      kept.storage().use_count() != 1 || impl->pyobj_slot()->load_pyobj() ||
+      (version.enabled() && (!version.unique() || version.current_version() != 0)) || kept.storage_offset() != 0)
+    return false;
+  // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
+  // the thread's state).
+  return version.enabled() != c10::InferenceMode::is_enabled();
+}
+
+void forget_history(const at::Tensor& kept) {
+  c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
+  if (impl->autograd_meta()) impl->set_autograd_meta(nullptr);
+}
+
+}  // namespace terra::runtime

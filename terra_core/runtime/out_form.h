@@ -1,0 +1,47 @@
+// Replayed kernels that write into their last result (a block's memory plan for small outputs).
+//
+// A functional kernel replayed below autograd allocates its result each time: a TensorImpl, a
+// StorageImpl, the data from the runner allocator (runner_allocator.h), about 1,250 instructions
+// of a 1x1 kernel's 4,200 (callgrind, elementwise_replay.h). Between two replays of one recorded
+// kernel its result has the same geometry, and where the program and the block let the last one
+// go (the GraphRunner released it after its last reader, no placeholder took its storage, no view
+// or Python object refers to it) that tensor can be the next result, as if new.
+//
+// Only for operators whose functional and out= forms are one structured kernel (ATen's
+// `structured_delegate`: the meta function computes the output's geometry, the same `impl` writes
+// it; the functional form allocates what the meta function asks for, the out= form checks that the
+// given output already has it and writes there), so the result's bits are the functional's by
+// construction. The pairs come from the native_functions.yaml of the LibTorch built against
+// (generated/structured_ops.inc, made by terra_core/CMakeLists.txt). Other operators have out=
+// forms too, but some compute differently (`mse_loss_backward.grad_input` in older releases) or
+// are the functional form followed by a copy (`autogen` out= forms): those allocate as before.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstddef>
+
+namespace terra::runtime {
+
+// The out= form of `functional` where both are one structured kernel on the CPU, its arguments are
+// the functional's followed by one output per return, and its output's shape cannot depend on
+// the data (no `dynamic_output_shape` tag); null otherwise. Looked up once per operator.
+const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functional);
+
+// Whether `kept`, an earlier result, may be written as a new one: only the caller references it
+// (the impl, its storage and its version counter), no Python object, the version of a new tensor
+// (counted or not, as inference mode now makes them), its data at the storage's start. Geometry is
+// the caller's to compare. Autograd metadata (the stand-in grad_fn a replayed item output gets,
+// block_replay.h) nothing else can see any more: forget_history drops it before the tensor is
+// written as a new result. (Python hooks live in a Python object or a grad_fn the program holds:
+// a tensor that had hooks and lost its Python object is not one only the caller references.)
+bool result_free(const at::Tensor& kept);
+void forget_history(const at::Tensor& kept);
+
+// Results kept for writing into again are at most this large: they stay allocated between
+// iterations (eager execution frees them), and for larger ones the allocation is a small part of
+// the kernel.
+constexpr size_t kKeptResultBytes = 16 * 1024;
+
+}  // namespace terra::runtime
