@@ -40,6 +40,10 @@ def child(name, mode, steps):
     run = benchmark_program(name, mode)
     run(10)
     rows = []
+    counts = lambda: sum(terra._C.allocator_counts().get(k, 0) for k in ("hits", "misses"))  # noqa: E731
+    if mode == "terra":
+        import terra
+        a0, k0 = counts(), terra.stats("train").get("kernels_into_kept_outputs", 0)
     for _ in range(5):
         o0, q0, c0, t0 = other_threads_cpu_ns(), program_runq_s(), time.thread_time(), time.perf_counter()
         run(steps)
@@ -52,6 +56,10 @@ def child(name, mode, steps):
         s = terra.stats("train")
         out["replayed"] = s["iterations_replayed"]
         out["spread"] = s.get("kernels_spread_while_waited", 0)
+        # Data buffers the GraphRunner took from its allocator per timed step (runner_allocator.h),
+        # and kernels run into their kept results (out_form.h).
+        out["allocs"] = (counts() - a0) / (5 * steps)
+        out["kept"] = (s.get("kernels_into_kept_outputs", 0) - k0) / (5 * steps)
     print(json.dumps(out))
 
 
@@ -88,19 +96,23 @@ def main():
              f"{time.strftime('%Y-%m-%dT%H:%M:%S')}, {args.rounds} interleaved rounds of fresh processes, "
              f"{args.steps} steps x 5 timed runs per process, medians; TERRA_ADAPTIVE=0; ms per step. "
              "program: the program thread's CPU; others: every other thread's CPU (GraphRunner, "
-             "OpenMP workers); runq: the program thread's wait for a core (runnable, not running)."
+             "OpenMP workers); runq: the program thread's wait for a core (runnable, not running); "
+             "allocs: data buffers the GraphRunner took from its allocator per step; kept: kernels "
+             "per step that wrote into their kept results instead (out_form.h)."
              + (f" base: {args.base}" if args.base else ""), "",
-             "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} runq | {b} / eager"
+             "| program | eager wall | " + " | ".join(f"{b} wall | {b} program | {b} others | {b} runq | "
+                                                   f"{b} allocs | {b} kept | {b} / eager"
                                                    for b, _, _ in builds) + " |",
-             "|---|---:|" + "---:|---:|---:|---:|---:|" * len(builds)]
+             "|---|---:|" + "---:|---:|---:|---:|---:|---:|---:|" * len(builds)]
     for name in args.programs:
         e = med(runs[(name, "eager")], "wall")
         cells = []
         for label, _, _ in builds:
             rs = runs[(name, label)]
             runq = f"{med(rs, 'program_runq'):.2f}" if all("program_runq" in r for r in rs) else "-"
+            per_step = lambda k: f"{med(rs, k):.0f}" if all(k in r for r in rs) else "-"  # noqa: E731
             cells += [f"{med(rs, 'wall'):.2f}", f"{med(rs, 'program'):.2f}", f"{med(rs, 'others'):.2f}",
-                      runq, f"{med(rs, 'wall') / e:.2f}"]
+                      runq, per_step("allocs"), per_step("kept"), f"{med(rs, 'wall') / e:.2f}"]
         lines.append(f"| {name} | {e:.2f} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     if args.out:

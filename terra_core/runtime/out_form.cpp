@@ -1,6 +1,5 @@
 #include "out_form.h"
 
-#include <c10/core/InferenceMode.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -76,19 +75,6 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
   auto [it, added] = found.try_emplace(functional.operator_name(), nullptr);
   if (added) it->second = find_out_form(functional);
   return it->second;
-}
-
-bool result_free(const at::Tensor& kept) {
-  if (!kept.defined()) return false;
-  const c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
-  const c10::VariableVersion& version = impl->version_counter();
-  if (kept.use_count() != 1 || kept.weak_use_count() != 1 || !impl->has_storage() ||
-      kept.storage().use_count() != 1 || impl->pyobj_slot()->load_pyobj() ||
-      (version.enabled() && (!version.unique() || version.current_version() != 0)) || kept.storage_offset() != 0)
-    return false;
-  // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
-  // the thread's state).
-  return version.enabled() != c10::InferenceMode::is_enabled();
 }
 
 void forget_history(const at::Tensor& kept) {

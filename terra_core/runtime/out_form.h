@@ -19,6 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cstddef>
 
@@ -36,7 +37,18 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
 // block_replay.h) nothing else can see any more: forget_history drops it before the tensor is
 // written as a new result. (Python hooks live in a Python object or a grad_fn the program holds:
 // a tensor that had hooks and lost its Python object is not one only the caller references.)
-bool result_free(const at::Tensor& kept);
+inline bool result_free(const at::Tensor& kept) {
+  if (!kept.defined()) return false;
+  const c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
+  const c10::VariableVersion& version = impl->version_counter();
+  if (kept.use_count() != 1 || kept.weak_use_count() != 1 || !impl->has_storage() ||
+      kept.storage().use_count() != 1 || impl->pyobj_slot()->load_pyobj() ||
+      (version.enabled() && (!version.unique() || version.current_version() != 0)) || kept.storage_offset() != 0)
+    return false;
+  // Inference mode decides whether a new tensor counts versions at all (asked last: a lookup of
+  // the thread's state).
+  return version.enabled() != c10::InferenceMode::is_enabled();
+}
 void forget_history(const at::Tensor& kept);
 
 // Results kept for writing into again are at most this large: they stay allocated between

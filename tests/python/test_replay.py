@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -767,6 +768,33 @@ def test_structured_kernels_write_into_their_kept_results_only_when_nothing_hold
     assert s["iterations_replayed"] > 100, s
     # Each replayed step has a dozen structured kernels with small results that the program drops.
     assert s["kernels_into_kept_outputs"] > 5 * s["iterations_replayed"], s
+
+
+def test_an_out_form_that_differs_from_its_functional_form_is_not_used():
+    # mse_loss's out= form resizes a kept reduced result to the unreduced loss's shape first (with
+    # a warning, its storage moved): its first use is checked against the functional form, which
+    # the kernel keeps from then on. Without the check the program saw that warning.
+    def fit(steps=120):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(steps):
+                loss = torch.nn.functional.mse_loss(model(x), y)  # free again one step later
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return loss, [p.detach().clone() for p in model.parameters()]
+
+    terra.config(adaptive=False)
+    eager_loss, eager_params = fit()
+    loss, params = terra.run(fit)
+    assert torch.equal(loss, eager_loss)
+    assert all(torch.equal(a, b) for a, b in zip(eager_params, params))
+    s = terra.stats(fit.__qualname__)
+    assert s["iterations_replayed"] > 100 and s["kernels_into_kept_outputs"] > 0, s
 
 
 def test_views_made_again_directly_read_and_write_as_eagers():
