@@ -1531,9 +1531,9 @@ void BlockReplayer::bind_kernel(const c10::OperatorHandle& op, c10::DispatchKeyS
     // the core the program's Python runs on), and as when replayed a long one with the
     // program's count while the program thread waits.
     const bool spreads = spread(k, at::get_num_threads());  // the item's count (GraphRunner::bind)
-    spread_ += spreads;
+    counts_.spread += spreads;
     OneThread threads(k.one_thread && !spreads);
-    bound_one_thread_ += threads.active();
+    counts_.bound_one_thread += threads.active();
     const bool parallel = !threads.active() && at::get_num_threads() > 1;
     if (parallel && k.large) note_parallel_region();
     TeamRegion region(parallel && opens_region(k));
@@ -1597,7 +1597,7 @@ bool BlockReplayer::run_elementwise(const RecordedKernel& k, bool alone, bool* t
   const uint64_t reused = k.elementwise->reused();
   at::Tensor result;
   if (!k.elementwise->run(c10::ArrayRef<const c10::IValue*>(args, k.args.size()), &result)) return false;
-  if (alone && k.elementwise->reused() != reused) ++results_reused_;
+  if (alone && k.elementwise->reused() != reused) ++counts_.results_reused;
   for (uint32_t w : k.written)  // as ADInplaceOrView does (run_kernel)
     if (args[w]->isTensor() && args[w]->toTensor().defined()) args[w]->toTensor().unsafeGetTensorImpl()->bump_version();
   table_[k.first_out] = std::move(result);
@@ -1626,7 +1626,6 @@ bool BlockReplayer::run_alias(const RecordedKernel& k) {
   out->set_version_counter(impl->version_counter());  // a view shares its base's (run_kernel)
   table_[k.first_out] = at::Tensor(std::move(out));
   for (uint32_t id : k.release) table_[id] = c10::IValue();
-  ++aliases_;
   return true;
 }
 
@@ -1708,9 +1707,12 @@ void BlockReplayer::keep_results(const RecordedKernel& k, c10::ArrayRef<c10::IVa
 }
 
 void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {
-  if (k.alias && run_alias(k)) return;
+  if (k.alias && run_alias(k)) {
+    counts_.views_remade += alone;  // counters: the GraphRunner's own thread only
+    return;
+  }
   const bool spreads = alone && spread(k, num_threads);
-  if (spreads) ++spread_;
+  if (spreads) ++counts_.spread;
   const int threads = k.one_thread && !spreads ? 1 : num_threads;
   if (threads > 0 && at::get_num_threads() != threads) set_intraop_threads(threads);
   if (threads > 1 && k.large) note_parallel_region();
@@ -1728,7 +1730,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (k.elementwise && !timed) {
     TeamRegion open(region);
     if (run_elementwise(k, alone, &tried)) {
-      spread_elementwise_ += spreads;
+      counts_.spread_elementwise += spreads;
       return;
     }
   }
@@ -1747,15 +1749,15 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   at::Tensor base = k.view && stack[0].isTensor() ? stack[0].toTensor() : at::Tensor();
   const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   const bool filled = k.random != RandomFill::Op::None && RandomFill::run(k.random, stack);
-  if (filled) ++random_fills_;  // a barrier: never on a helping thread
+  if (filled) ++counts_.random_fills;  // a barrier: never on a helping thread
   const uint64_t reused = k.elementwise ? k.elementwise->reused() : 0;
   const bool ran = filled || (k.elementwise && threads == 1 && !tried && k.elementwise->run(stack));
-  if (alone && k.elementwise && k.elementwise->reused() != reused) ++results_reused_;
+  if (alone && k.elementwise && k.elementwise->reused() != reused) ++counts_.results_reused;
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
     TeamRegion open(region);
     if (run_out_form(k, stack)) {
-      outputs_kept_ += alone;
+      counts_.outputs_kept += alone;
     } else {
       k.op->redispatchBoxed(k.keys, &stack);
       if (k.out_form) keep_results(k, c10::ArrayRef<c10::IValue>(stack).slice(stack.size() - k.outs));
@@ -1803,12 +1805,12 @@ void BlockReplayer::run(WorkItem& item) {
         // A helping thread runs kernels with this thread's dispatch keys, less the recording hook.
         c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
         keys.included_ = keys.included_.remove(kRecordKey);
-        helped_ += lanes_->run(*p.lanes, keys, [&](uint32_t i, bool) {
+        counts_.helped += lanes_->run(*p.lanes, keys, [&](uint32_t i, bool) {
           thread_local torch::jit::Stack scratch;  // one per thread that runs kernels
           run_kernel(block.kernels[p.kernels_begin + i], scratch, item.num_threads, p.lanes->barrier[i]);
           scratch.clear();  // holds no tensor past its kernel
         });
-        kernels_ += p.kernels_end - p.kernels_begin;
+        counts_.kernels += p.kernels_end - p.kernels_begin;
       } else {
         // Reused by the item's kernels and by the next items' (a vector per item was an
         // allocation and a free per replayed item); holds no tensor past the item, even one
@@ -1819,7 +1821,7 @@ void BlockReplayer::run(WorkItem& item) {
         } clear{scratch_};
         for (uint32_t ki = p.kernels_begin; ki < p.kernels_end; ++ki) {
           run_kernel(block.kernels[ki], scratch_, item.num_threads, /*alone=*/true);
-          ++kernels_;
+          ++counts_.kernels;
         }
       }
       break;

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "autograd_node.h"
+#include "kernel_counts.h"
 #include "kernel_lanes.h"
 #include "openmp_team.h"
 #include "random_fill.h"
@@ -351,22 +352,9 @@ class BlockReplayer {
   static void release_graph(const std::vector<at::Tensor>& roots);
   uint32_t next() const { return next_; }
   const Block* block() const { return block_; }
-  uint64_t kernels() const { return kernels_; }
-  // Kernels of bound items (bind) run with one thread where their recording found the same bits.
-  uint64_t bound_one_thread() const { return bound_one_thread_; }
-  // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
-  uint64_t spread() const { return spread_; }
-  // Of those, elementwise kernels run through their kept iterator (ElementwiseReplay).
-  uint64_t spread_elementwise() const { return spread_elementwise_; }
-  // Random kernels replayed with their draws made in batches (RandomFill).
-  uint64_t random_fills() const { return random_fills_; }
-  // Elementwise kernels whose result went into their kept last one (ElementwiseReplay).
-  uint64_t results_reused() const { return results_reused_; }
-  // Other kernels run in their out= form into their kept last results (out_form.h).
-  uint64_t outputs_kept() const { return outputs_kept_; }
-  uint64_t aliases() const { return aliases_; }  // views made directly (run_alias)
-  // Kernels a waiting program thread ran (kernel_lanes.h).
-  uint64_t helped() const { return helped_; }
+  // What its kernels did so far (GraphRunner::flush_counts hands the differences to the graph's
+  // counts).
+  const KernelCounts& counts() const { return counts_; }
 
  private:
   c10::IValue value(const Ref& r) const;
@@ -388,15 +376,7 @@ class BlockReplayer {
   torch::jit::Stack scratch_;  // run: the kernels' arguments and results (empty between items)
   // The grad_fns of outputs (see the header), one per name in Block::grad_fn_names.
   std::vector<NodePtr> freed_;
-  uint64_t kernels_ = 0;
-  uint64_t bound_one_thread_ = 0;
-  uint64_t spread_ = 0;
-  uint64_t spread_elementwise_ = 0;
-  uint64_t random_fills_ = 0;
-  uint64_t results_reused_ = 0;
-  uint64_t outputs_kept_ = 0;
-  uint64_t aliases_ = 0;
-  uint64_t helped_ = 0;
+  KernelCounts counts_;
   std::function<uint64_t()> program_waits_;
   uint32_t item_ = 0;  // the item running or bound (its index in the block)
   // Kernel `k`, about to run with `threads` intra-op threads, takes them although one would do.

@@ -198,15 +198,7 @@ struct BlockStore {
   uint64_t scanned = 0;
   uint64_t items = 0, items_bound = 0;  // this iteration's, until flush_counts
   uint64_t extra_reads = 0;             // GraphRunner::extra_grad_read, until flush_counts
-  uint64_t bound_one_thread_counted = 0;  // replayer.bound_one_thread() at the last flush_counts
-  uint64_t spread_counted = 0;            // replayer.spread() at the last flush_counts
-  uint64_t spread_elementwise_counted = 0;  // replayer.spread_elementwise() at the last flush_counts
-  uint64_t random_fills_counted = 0;      // replayer.random_fills() at the last flush_counts
-  uint64_t results_reused_counted = 0;    // replayer.results_reused() at the last flush_counts
-  uint64_t outputs_kept_counted = 0;      // replayer.outputs_kept() at the last flush_counts
-  uint64_t aliases_counted = 0;           // replayer.aliases() at the last flush_counts
-  uint64_t helped_counted = 0;            // replayer.helped() at the last flush_counts
-  uint64_t kernels_counted = 0;          // replayer.kernels() at the last flush_counts
+  KernelCounts counted;  // replayer.counts() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
   void abandon() {
@@ -494,7 +486,7 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
   for (const auto& [g, c] : counts_) {
     total.iterations += c.iterations;
     total.items += c.items;
-    total.kernels += c.kernels;
+    total.run += c.run;
     total.recorded += c.recorded;
     total.chosen += c.chosen;
     total.one_thread += c.one_thread;
@@ -509,14 +501,6 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.left += c.left;
     total.bound += c.bound;
     total.extra_reads += c.extra_reads;
-    total.bound_one_thread += c.bound_one_thread;
-    total.spread += c.spread;
-    total.spread_elementwise += c.spread_elementwise;
-    total.random_fills += c.random_fills;
-    total.results_reused += c.results_reused;
-    total.outputs_kept += c.outputs_kept;
-    total.views_remade += c.views_remade;
-    total.helped += c.helped;
     if (!c.last_refusal.empty()) total.last_refusal = c.last_refusal;
     if (!c.last_left.empty()) total.last_left = c.last_left;
   }
@@ -526,44 +510,17 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
 void GraphRunner::flush_counts() {
   // Tallied per iteration in the BlockStore, not per item under the lock.
   BlockStore& b = *blocks_;
-  const uint64_t kernels = b.replayer.kernels() - b.kernels_counted;
-  const uint64_t bound_one_thread = b.replayer.bound_one_thread() - b.bound_one_thread_counted;
-  const uint64_t spread = b.replayer.spread() - b.spread_counted;
-  const uint64_t spread_elementwise = b.replayer.spread_elementwise() - b.spread_elementwise_counted;
-  const uint64_t random_fills = b.replayer.random_fills() - b.random_fills_counted;
-  const uint64_t helped = b.replayer.helped() - b.helped_counted;
-  const uint64_t results_reused = b.replayer.results_reused() - b.results_reused_counted;
-  const uint64_t outputs_kept = b.replayer.outputs_kept() - b.outputs_kept_counted;
-  const uint64_t aliases = b.replayer.aliases() - b.aliases_counted;
-  if (b.items == 0 && b.items_bound == 0 && kernels == 0 && b.items_one_thread == 0 &&
-      b.extra_reads == 0 && bound_one_thread == 0 && spread == 0 && random_fills == 0 && helped == 0 &&
-      results_reused == 0 && outputs_kept == 0 && aliases == 0)
-    return;
+  const KernelCounts run = b.replayer.counts() - b.counted;
+  if (b.items == 0 && b.items_bound == 0 && b.items_one_thread == 0 && b.extra_reads == 0 && !run.any()) return;
   std::lock_guard<std::mutex> lock(counts_mutex_);
   ReplayCounts& c = counts_[b.graph];
   c.items += b.items;
   c.bound += b.items_bound;
-  c.kernels += kernels;
   c.one_thread_per_op += b.items_one_thread;
   c.extra_reads += b.extra_reads;
   b.items = b.items_bound = b.items_one_thread = b.extra_reads = 0;
-  b.kernels_counted = b.replayer.kernels();
-  c.bound_one_thread += bound_one_thread;
-  b.bound_one_thread_counted = b.replayer.bound_one_thread();
-  c.spread += spread;
-  b.spread_counted = b.replayer.spread();
-  c.spread_elementwise += spread_elementwise;
-  b.spread_elementwise_counted = b.replayer.spread_elementwise();
-  c.random_fills += random_fills;
-  b.random_fills_counted = b.replayer.random_fills();
-  c.results_reused += results_reused;
-  b.results_reused_counted = b.replayer.results_reused();
-  c.outputs_kept += outputs_kept;
-  b.outputs_kept_counted = b.replayer.outputs_kept();
-  c.views_remade += aliases;
-  b.aliases_counted = b.replayer.aliases();
-  c.helped += helped;
-  b.helped_counted = b.replayer.helped();
+  c.run += run;
+  b.counted = b.replayer.counts();
 }
 
 void GraphRunner::start_iteration(const WorkItem& item, uint64_t seq) {

@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernel_counts.h"
 #include "placeholder.h"
 #include "streams.h"
 #include "thread_state.h"
@@ -218,7 +219,7 @@ class GraphRunner {
   struct ReplayCounts {
     uint64_t iterations = 0;  // co-executed iterations replayed whole
     uint64_t items = 0;       // items replayed
-    uint64_t kernels = 0;     // kernels replayed
+    KernelCounts run;         // what the replayed kernels did (block_replay.h)
     uint64_t recorded = 0;    // blocks recorded
     uint64_t one_thread = 0;  // of which replayed with one intra-op thread (block_replay.h)
     // Kernels run again on copies to check them with one thread, and kernels whose verdict an
@@ -235,15 +236,6 @@ class GraphRunner {
     uint64_t bound = 0;       // items run through autograd with their kernels bound to a block
     // `.grad` reads a replayed block had not recorded, run between its items (extra_grad_read)
     uint64_t extra_reads = 0;
-    uint64_t bound_one_thread = 0;  // kernels of bound items run with one thread
-    // Kernels replayed with the program's intra-op threads while it waited (RecordedKernel::spread).
-    uint64_t spread = 0;
-    uint64_t spread_elementwise = 0;  // of those, elementwise kernels through their kept iterator
-    uint64_t helped = 0;        // kernels the waiting program thread ran (kernel_lanes.h)
-    uint64_t random_fills = 0;  // random kernels replayed with their draws made in batches (random_fill.h)
-    uint64_t results_reused = 0;  // elementwise results written into their kernel's kept last one
-    uint64_t outputs_kept = 0;    // other kernels run in their out= form into their kept results (out_form.h)
-    uint64_t views_remade = 0;    // view kernels' results made directly (BlockReplayer::run_alias)
     uint64_t left = 0;        // replayed iterations the program left before their end
     // Why the last one was left: "item" (another item came), "ahead" (an item looked ahead at
     // did not follow), "blocked" (the program waited before the block's backward was issued).

@@ -207,7 +207,7 @@ TEST(BlockReplay, AnSgdStepIsReplayedBitwiseWithANewLearningRateEachIteration) {
   const auto c = runner.replay_counts();
   EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
   EXPECT_EQ(c.iterations, 7u) << c.last_left;
-  EXPECT_GT(c.kernels, 7u * 6u);
+  EXPECT_GT(c.run.kernels, 7u * 6u);
 }
 
 TEST(BlockReplay, TheBackwardOfAnotherLossOfTheSameShapeLeavesTheBlock) {
@@ -401,7 +401,7 @@ TEST(BlockReplay, ViewsAreMadeAgainWithTheirKernelsGeometryAndTheirBasesVersion)
   EXPECT_GE(c.iterations, 4u) << c.last_left;
   // Every replayed iteration makes its 6 views directly but the last one, whose select has
   // another index than recorded and runs its kernel.
-  EXPECT_EQ(c.views_remade, 6u * (c.iterations - 1) + 5u) << c.iterations;
+  EXPECT_EQ(c.run.views_remade, 6u * (c.iterations - 1) + 5u) << c.iterations;
 }
 
 // An as_strided view may reach past its input's extent into the rest of the storage: made
@@ -429,11 +429,11 @@ TEST(BlockReplay, AViewPastItsInputIsMadeDirectlyOnlyWhereTheStorageHoldsIt) {
   for (const at::Tensor& b : bases) EXPECT_TRUE(same(b, at::ones({8})));
   const auto c = runner.replay_counts();
   ASSERT_GE(c.iterations, 3u) << c.last_left;
-  EXPECT_EQ(c.views_remade, c.iterations);
+  EXPECT_EQ(c.run.views_remade, c.iterations);
   step(at::zeros({4}));  // the same geometry on a storage of 4
   runner.drain();
   EXPECT_TRUE(runner.failed());
-  EXPECT_EQ(runner.replay_counts().views_remade, c.views_remade);
+  EXPECT_EQ(runner.replay_counts().run.views_remade, c.run.views_remade);
 }
 
 TEST(BlockReplay, ABackwardWithAHookKeepsTheAutogradRoute) {
