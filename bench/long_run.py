@@ -62,10 +62,19 @@ def child(name, mode, n1, n2, new_model=False):
         t = time.perf_counter() - t0
         return t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 
+    def counts():  # iterations co-executed and replayed so far (all of the program's graphs)
+        s = terra.stats() if mode == "terra" else {}
+        return s.get("iterations_coexecuted", 0), s.get("iterations_replayed", 0)
+
     timed(50)
-    (t1, f1), (t2, f2) = timed(n1), timed(n2)
+    (t1, f1) = timed(n1)
+    c0, r0 = counts()
+    (t2, f2) = timed(n2)
+    c1, r1 = counts()
     print(json.dumps({"steady_ms": (t2 - t1) / (n2 - n1) * 1e3, "whole_s": t2,
-                      "faults_per_step": (f2 - f1) / (n2 - n1)}))
+                      "faults_per_step": (f2 - f1) / (n2 - n1),
+                      # iterations per step of the n2-step call: co-executed, replayed as recorded blocks
+                      "coexec_share": (c1 - c0) / n2, "replayed_share": (r1 - r0) / n2}))
 
 
 def main():
@@ -97,7 +106,8 @@ def main():
                                      (["--new-model"] if args.new_model else []),
                                      check=True, capture_output=True, text=True, env=env).stdout
                 got[mode].append(json.loads(out.strip().splitlines()[-1]))
-        med = {m: {k: statistics.median(r[k] for r in got[m]) for k in ("steady_ms", "whole_s", "faults_per_step")}
+        med = {m: {k: statistics.median(r.get(k, 0.0) for r in got[m])
+                   for k in ("steady_ms", "whole_s", "faults_per_step", "coexec_share", "replayed_share")}
                for m in got}
         rows.append({"program": name, "runs": got, "median": med,
                      "steady_ratio": med["terra"]["steady_ms"] / med["eager"]["steady_ms"],
@@ -126,16 +136,21 @@ def main():
              ("each call on a model made anew (as a notebook re-running its model cell), after 50 untimed "
               "steps on another, " if args.new_model else "both calls on one state after 50 untimed steps, ") +
              f"so warm-up cancels; whole: the {args.n2}-step call. Ratio = Terra / eager (lower is faster).", "",
-             "Faults: minor page faults per steady step (the process's, all threads)." +
+             "Faults: minor page faults per steady step (the process's, all threads). Co-executed and "
+             f"replayed: iterations per step of the {args.n2}-step call that were co-executed (not eager, "
+             "the payoff check's choice, nor traced) and that ran as replayed blocks (runtime/block_replay.h); "
+             "a step is one iteration unless the program loops inside it." +
              (f" Variant: Terra with `{args.variant}`, in the same rounds." if args.variant else ""), "",
-             "| program | eager ms/step | Terra ms/step | steady ratio | whole-call ratio | eager faults | Terra faults |" +
+             "| program | eager ms/step | Terra ms/step | steady ratio | whole-call ratio | eager faults | Terra faults "
+             "| co-executed | replayed |" +
              (" variant ms/step | variant ratio | variant faults |" if args.variant else ""),
-             "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if args.variant else "")]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if args.variant else "")]
     for r in rows:
         m = r["median"]
         line = (f"| {r['program']} | {m['eager']['steady_ms']:.3f} | {m['terra']['steady_ms']:.3f} | "
                 f"{r['steady_ratio']:.2f} | {r['whole_ratio']:.2f} | {m['eager'].get('faults_per_step', float('nan')):.0f} | "
-                f"{m['terra'].get('faults_per_step', float('nan')):.0f} |")
+                f"{m['terra'].get('faults_per_step', float('nan')):.0f} | "
+                f"{m['terra'].get('coexec_share', 0.0):.0%} | {m['terra'].get('replayed_share', 0.0):.0%} |")
         if "variant" in m:
             line += (f" {m['variant']['steady_ms']:.3f} | {r['variant_steady_ratio']:.2f} | "
                      f"{m['variant']['faults_per_step']:.0f} |")
