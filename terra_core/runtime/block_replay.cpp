@@ -1667,12 +1667,17 @@ bool BlockReplayer::run_out_form(const RecordedKernel& k, torch::jit::Stack& sta
     bool any = false;
     void process(const c10::Warning&) override { any = true; }
   } warned;
+  bool failed = false;  // an error of the out= form alone (the functional form's own comes next)
   {
     c10::WarningUtils::WarningHandlerGuard capture(&warned);
-    k.out_form->redispatchBoxed(k.keys, &stack);
+    try {
+      k.out_form->redispatchBoxed(k.keys, &stack);
+    } catch (const std::exception&) {
+      failed = true;
+    }
   }
   k.op->redispatchBoxed(k.keys, &functional);
-  bool same = !warned.any && stack.size() == k.outs && functional.size() == k.outs;
+  bool same = !failed && !warned.any && stack.size() == k.outs && functional.size() == k.outs;
   for (uint32_t o = 0; o < k.outs && same; ++o) {
     const at::Tensor& got = stack[o].toTensor();
     const at::Tensor& want = functional[o].toTensor();

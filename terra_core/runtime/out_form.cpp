@@ -1,8 +1,8 @@
 #include "out_form.h"
 
-
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -43,22 +43,22 @@ bool arguments_extend(const c10::FunctionSchema& f, const c10::FunctionSchema& o
   return true;
 }
 
-const c10::OperatorHandle* find_out_form(const c10::OperatorHandle& functional) {
+std::optional<c10::OperatorHandle> find_out_form(const c10::OperatorHandle& functional) {
   if (functional.hasTag(at::Tag::dynamic_output_shape) || functional.hasTag(at::Tag::data_dependent_output))
-    return nullptr;
+    return std::nullopt;
   const std::string name = yaml_name(functional.operator_name());
   for (const StructuredPair& p : kStructured) {
     if (p.functional != name) continue;
     const auto dot = p.out.find('.');
     const std::string base = "aten::" + std::string(p.out.substr(0, dot));
     const std::string overload = dot == std::string_view::npos ? "" : std::string(p.out.substr(dot + 1));
-    const auto out = c10::Dispatcher::singleton().findSchema({base, overload});
+    auto out = c10::Dispatcher::singleton().findSchema({base, overload});
     if (!out || !out->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
         !arguments_extend(functional.schema(), out->schema()))
-      return nullptr;
-    return new c10::OperatorHandle(*out);  // one per operator, for the process
+      return std::nullopt;
+    return out;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -70,11 +70,13 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
   }();
   if (off) return nullptr;
   static std::mutex mutex;
-  static std::unordered_map<c10::OperatorName, const c10::OperatorHandle*> found;
+  // One lookup per operator for the process (its entries never move: the handles are kept by
+  // recorded kernels).
+  static std::unordered_map<c10::OperatorName, std::optional<c10::OperatorHandle>> found;
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, added] = found.try_emplace(functional.operator_name(), nullptr);
-  if (added) it->second = find_out_form(functional);
-  return it->second;
+  auto it = found.find(functional.operator_name());
+  if (it == found.end()) it = found.emplace(functional.operator_name(), find_out_form(functional)).first;
+  return it->second ? &*it->second : nullptr;
 }
 
 void forget_history(const at::Tensor& kept) {
