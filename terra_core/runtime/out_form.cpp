@@ -79,9 +79,4 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
   return it->second ? &*it->second : nullptr;
 }
 
-void forget_history(const at::Tensor& kept) {
-  c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
-  if (impl->autograd_meta()) impl->set_autograd_meta(nullptr);
-}
-
 }  // namespace terra::runtime

@@ -49,7 +49,10 @@ inline bool result_free(const at::Tensor& kept) {
   // the thread's state).
   return version.enabled() != c10::InferenceMode::is_enabled();
 }
-void forget_history(const at::Tensor& kept);
+inline void forget_history(const at::Tensor& kept) {
+  c10::TensorImpl* impl = kept.unsafeGetTensorImpl();
+  if (impl->autograd_meta()) impl->set_autograd_meta(nullptr);
+}
 
 // Results kept for writing into again are at most this large: they stay allocated between
 // iterations (eager execution frees them), and for larger ones the allocation is a small part of
