@@ -1629,25 +1629,16 @@ bool BlockReplayer::run_alias(const RecordedKernel& k) {
   return true;
 }
 
-bool BlockReplayer::push_kept(const RecordedKernel& k, torch::jit::Stack& stack) {
-  // Same geometry as the last results: the meta function computes the output's from the inputs'
-  // (which follow the block's) and the constants, so the out= form writes them as they are.
-  for (size_t set = 0; set + k.outs <= k.kept.size(); set += k.outs) {
-    const auto results = c10::ArrayRef<at::Tensor>(k.kept).slice(set, k.outs);
-    if (!std::all_of(results.begin(), results.end(), [](const at::Tensor& t) { return result_free(t); }))
-      continue;
-    for (const at::Tensor& t : results) {
-      forget_history(t);
-      stack.emplace_back(t);
-    }
-    return true;
-  }
-  return false;
-}
-
 bool BlockReplayer::run_out_form(const RecordedKernel& k, torch::jit::Stack& stack) {
   const size_t n = stack.size();
-  if (!k.out_form || !push_kept(k, stack)) return false;
+  const at::Tensor* free = k.out_form ? k.kept.free_set(k.outs) : nullptr;
+  if (!free) return false;
+  // Same geometry as the last results: the meta function computes the output's from the inputs'
+  // (which follow the block's) and the constants, so the out= form writes them as they are.
+  for (uint32_t o = 0; o < k.outs; ++o) {
+    forget_history(free[o]);
+    stack.emplace_back(free[o]);
+  }
   if (k.out_checked) {
     k.out_form->redispatchBoxed(k.keys, &stack);
     return true;
@@ -1697,18 +1688,12 @@ bool BlockReplayer::run_out_form(const RecordedKernel& k, torch::jit::Stack& sta
 }
 
 void BlockReplayer::keep_results(const RecordedKernel& k, c10::ArrayRef<c10::IValue> outs) {
-  for (const c10::IValue& v : outs)
-    if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().nbytes() > kKeptResultBytes ||
-        !v.toTensor().unsafeGetTensorImpl()->has_storage())
-      return;
-  // Two sets: a result the program holds in a variable until the next iteration assigns the
-  // variable again (`h = model(x)` in a loop) is free one replay later.
-  if (k.kept.size() < RecordedKernel::kKeptSets * k.outs) {
-    for (const c10::IValue& v : outs) k.kept.push_back(v.toTensor());
-  } else {
-    for (uint32_t o = 0; o < k.outs; ++o) k.kept[k.next_kept * k.outs + o] = outs[o].toTensor();
-    k.next_kept = (k.next_kept + 1) % RecordedKernel::kKeptSets;
+  c10::SmallVector<at::Tensor, 2> results;
+  for (const c10::IValue& v : outs) {
+    if (!v.isTensor()) return;
+    results.push_back(v.toTensor());
   }
+  k.kept.keep(results.data(), results.size());
 }
 
 void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack, int num_threads, bool alone) {

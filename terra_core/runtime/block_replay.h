@@ -52,6 +52,7 @@
 #include "autograd_node.h"
 #include "kernel_counts.h"
 #include "kernel_lanes.h"
+#include "out_form.h"
 #include "openmp_team.h"
 #include "random_fill.h"
 
@@ -136,12 +137,9 @@ struct RecordedKernel {
   // it did not.
   mutable const c10::OperatorHandle* out_form = nullptr;
   mutable bool out_checked = false;
-  // Its results of up to kKeptSets earlier replays, `outs` tensors each, where each is at most
-  // kKeptResultBytes; `next_kept`: the set a new one replaces. GraphRunner thread, or the one
-  // helping thread that runs the kernel in a replay (kernel_lanes.h), hence mutable.
-  static constexpr uint32_t kKeptSets = 2;
-  mutable std::vector<at::Tensor> kept;
-  mutable uint32_t next_kept = 0;
+  // Its results of the last replays, for its out= form (KeptResults). GraphRunner thread, or the
+  // one helping thread that runs the kernel in a replay (kernel_lanes.h), hence mutable.
+  mutable KeptResults kept;
 };
 
 // One item of the block: what it was, and how to run it again.
@@ -395,9 +393,8 @@ class BlockReplayer {
   // use also runs the functional form and keeps that form's results where the two differ in any
   // way (bits, geometry, where they are, a warning), and the kernel allocates from then on.
   bool run_out_form(const RecordedKernel& k, torch::jit::Stack& stack);
-  // Pushes the kept results of `k` onto `stack` where all are free again (result_free).
-  static bool push_kept(const RecordedKernel& k, torch::jit::Stack& stack);
-  // After the kernel ran (`outs`: its results): keeps them for the next replay where they are small.
+  // After the kernel ran (`outs`: its results): keeps them for the next replay where they are
+  // small tensors (KeptResults::keep).
   static void keep_results(const RecordedKernel& k, c10::ArrayRef<c10::IValue> outs);
   // Kernel `k`, about to run with one intra-op thread, takes the program's `threads` instead: the
   // program waits, and the kernel is long, or the OpenMP workers spin anyway (openmp_team.h), or

@@ -236,14 +236,6 @@ void ElementwiseReplay::call_stub(const c10::Scalar& alpha) {
 #endif
 }
 
-int ElementwiseReplay::kept_free(const c10::TensorImpl* like) const {
-  for (int k = 0; k < 2; ++k)
-    if (result_free(kept_[k]) && same_ints(kept_[k].sizes(), like->sizes()) &&
-        same_ints(kept_[k].strides(), like->strides()))
-      return k;
-  return -1;
-}
-
 bool ElementwiseReplay::run(torch::jit::Stack& stack) {
   const c10::IValue* args[kMaxOperands];
   if (stack.size() > kMaxOperands) return false;
@@ -310,16 +302,13 @@ bool ElementwiseReplay::run_inputs(c10::ArrayRef<const c10::IValue*> args, at::T
   at::Tensor result;
   if (in_place_) {
     result = a;
-  } else if (const int k = kept_free(out_was); k >= 0) {
-    forget_history(kept_[k]);
-    result = kept_[k];
+  } else if (const at::Tensor* kept = kept_.free_set(1, out_was)) {
+    forget_history(*kept);
+    result = *kept;
     ++reused_;
   } else {
     result = at::Tensor(at::detail::empty_strided_cpu(out_was->sizes(), out_was->strides(), dtype));
-    if (result.nbytes() <= kKeptResultBytes) {
-      kept_[next_kept_] = result;
-      next_kept_ ^= 1;
-    }
+    kept_.keep(&result, 1);
   }
   void* data[kMaxOperands] = {result.data_ptr()};
   for (int i = 0; i < n; ++i) data[i + 1] = in[i]->data_ptr();

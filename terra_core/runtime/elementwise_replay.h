@@ -35,6 +35,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include "out_form.h"
+
 #include <memory>
 
 namespace terra::runtime {
@@ -104,15 +106,11 @@ class ElementwiseReplay {
   double double_alpha_ = 0;
   c10::Scalar alpha_;
   uint64_t runs_ = 0;
-  // The last two results, if small (at most kKeptResultBytes, out_form.h): the next run writes
-  // into one instead of a new tensor where nothing else holds it any more (result_free: the
-  // GraphRunner released it after its last reader, no placeholder took its storage, no view shares
-  // it); two, since a result the program holds in a loop variable is free one run later. Making
-  // the result tensor was a fifth of the GraphRunner's instructions per op on a 1x1 add chain.
-  // `next_kept_`: the one a new result replaces.
-  at::Tensor kept_[2];
-  int next_kept_ = 0;
-  int kept_free(const c10::TensorImpl* like) const;  // which kept result is free (-1: none)
+  // Its last small results (KeptResults, out_form.h): the next run writes into one instead of a
+  // new tensor where nothing else holds it any more (result_free: the GraphRunner released it
+  // after its last reader, no placeholder took its storage, no view shares it). Making the result
+  // tensor was a fifth of the GraphRunner's instructions per op on a 1x1 add chain.
+  KeptResults kept_;
   uint64_t reused_ = 0;
 
  public:

@@ -1,5 +1,7 @@
 #include "out_form.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -61,6 +63,12 @@ std::optional<c10::OperatorHandle> find_out_form(const c10::OperatorHandle& func
   return std::nullopt;
 }
 
+std::atomic<size_t> g_kept_bytes{0};  // KeptResults of the process
+
+bool same_geometry(const at::Tensor& t, const c10::TensorImpl* like) {
+  return t.sizes() == like->sizes() && t.strides() == like->strides();
+}
+
 }  // namespace
 
 const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functional) {
@@ -78,5 +86,53 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
   if (it == found.end()) it = found.emplace(functional.operator_name(), find_out_form(functional)).first;
   return it->second ? &*it->second : nullptr;
 }
+
+const at::Tensor* KeptResults::free_set(size_t n, const c10::TensorImpl* like) const {
+  for (size_t set = 0; n != 0 && set + n <= tensors_.size(); set += n) {
+    const at::Tensor* results = tensors_.data() + set;
+    if (std::all_of(results, results + n, [&](const at::Tensor& t) {
+          return result_free(t) && (!like || same_geometry(t, like));
+        }))
+      return results;
+  }
+  return nullptr;
+}
+
+void KeptResults::keep(const at::Tensor* results, size_t n) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!results[i].defined() || !results[i].unsafeGetTensorImpl()->has_storage() ||
+        results[i].nbytes() > kKeptResultBytes)
+      return;
+    bytes += results[i].nbytes();
+  }
+  if (tensors_.size() % n != 0) clear();  // sets of another size (not expected)
+  const bool replace = tensors_.size() >= kSets * n;
+  const size_t replaced = replace ? set_bytes_[next_] : 0;
+  // Within the budget: what the process keeps, less what this set replaces, plus it.
+  size_t total = g_kept_bytes.load(std::memory_order_relaxed);
+  do {
+    if (total - replaced + bytes > kBudgetBytes) return;
+  } while (!g_kept_bytes.compare_exchange_weak(total, total - replaced + bytes, std::memory_order_relaxed));
+  if (replace) {
+    std::copy(results, results + n, tensors_.begin() + static_cast<std::ptrdiff_t>(next_ * n));
+    set_bytes_[next_] = bytes;
+    next_ = (next_ + 1) % kSets;
+  } else {
+    set_bytes_[tensors_.size() / n] = bytes;
+    tensors_.insert(tensors_.end(), results, results + n);
+  }
+  bytes_ = bytes_ - replaced + bytes;
+}
+
+void KeptResults::clear() {
+  g_kept_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  tensors_.clear();
+  set_bytes_ = {};
+  bytes_ = 0;
+  next_ = 0;
+}
+
+size_t KeptResults::total_bytes() { return g_kept_bytes.load(std::memory_order_relaxed); }
 
 }  // namespace terra::runtime

@@ -156,5 +156,49 @@ TEST(OutForm, AResultIsFreeOnlyWhileNothingElseCanSeeIt) {
   }
 }
 
+TEST(OutForm, KeptResultsRotateTheirSetsAndStayWithinTheProcesssBudget) {
+  const size_t before = KeptResults::total_bytes();
+  {
+    KeptResults kept;
+    at::Tensor a = at::empty({4}), b = at::empty({4}), c = at::empty({4});
+    const c10::TensorImpl* a_impl = a.unsafeGetTensorImpl();
+    kept.keep(&a, 1);
+    kept.keep(&b, 1);
+    EXPECT_EQ(2 * a.nbytes(), kept.bytes());
+    EXPECT_EQ(before + kept.bytes(), KeptResults::total_bytes());
+    EXPECT_EQ(nullptr, kept.free_set(1));  // `a` and `b` are still held here
+    a.reset();
+    const at::Tensor* free = kept.free_set(1);
+    ASSERT_NE(nullptr, free);
+    EXPECT_EQ(a_impl, free->unsafeGetTensorImpl());
+    EXPECT_EQ(nullptr, kept.free_set(1, at::empty({2, 2}).unsafeGetTensorImpl()));  // other geometry
+    kept.keep(&c, 1);  // in place of the oldest set (the first)
+    EXPECT_EQ(2 * c.nbytes(), kept.bytes());
+    b.reset();
+    free = kept.free_set(1);
+    ASSERT_NE(nullptr, free);  // `b`: the only one free now
+    EXPECT_NE(c.unsafeGetTensorImpl(), free->unsafeGetTensorImpl());
+    const KeptResults copy = kept;  // a cache: a copy starts empty
+    EXPECT_EQ(0u, copy.bytes());
+    EXPECT_EQ(nullptr, copy.free_set(1));
+    at::Tensor large = at::empty({static_cast<int64_t>(kKeptResultBytes / sizeof(float)) + 1});
+    KeptResults other;
+    other.keep(&large, 1);  // larger than a kept result may be
+    EXPECT_EQ(0u, other.bytes());
+  }
+  EXPECT_EQ(before, KeptResults::total_bytes());  // given back when they go
+  {
+    std::vector<KeptResults> many(KeptResults::kBudgetBytes / kKeptResultBytes + 16);
+    for (KeptResults& k : many) {
+      at::Tensor t = at::empty({static_cast<int64_t>(kKeptResultBytes / sizeof(float))});
+      k.keep(&t, 1);
+    }
+    EXPECT_LE(KeptResults::total_bytes(), KeptResults::kBudgetBytes);
+    EXPECT_GT(KeptResults::total_bytes(), KeptResults::kBudgetBytes - kKeptResultBytes - before);
+    EXPECT_EQ(0u, many.back().bytes());  // over the budget: not kept
+  }
+  EXPECT_EQ(before, KeptResults::total_bytes());
+}
+
 }  // namespace
 }  // namespace terra::runtime
