@@ -65,10 +65,6 @@ std::optional<c10::OperatorHandle> find_out_form(const c10::OperatorHandle& func
 
 std::atomic<size_t> g_kept_bytes{0};  // KeptResults of the process
 
-bool same_geometry(const at::Tensor& t, const c10::TensorImpl* like) {
-  return t.sizes() == like->sizes() && t.strides() == like->strides();
-}
-
 }  // namespace
 
 const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functional) {
@@ -85,17 +81,6 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
   auto it = found.find(functional.operator_name());
   if (it == found.end()) it = found.emplace(functional.operator_name(), find_out_form(functional)).first;
   return it->second ? &*it->second : nullptr;
-}
-
-const at::Tensor* KeptResults::free_set(size_t n, const c10::TensorImpl* like) const {
-  for (size_t set = 0; n != 0 && set + n <= tensors_.size(); set += n) {
-    const at::Tensor* results = tensors_.data() + set;
-    if (std::all_of(results, results + n, [&](const at::Tensor& t) {
-          return result_free(t) && (!like || same_geometry(t, like));
-        }))
-      return results;
-  }
-  return nullptr;
 }
 
 void KeptResults::keep(const at::Tensor* results, size_t n) {
