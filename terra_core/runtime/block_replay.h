@@ -52,8 +52,8 @@
 #include "autograd_node.h"
 #include "kernel_counts.h"
 #include "kernel_lanes.h"
-#include "out_form.h"
 #include "openmp_team.h"
+#include "out_form.h"
 #include "random_fill.h"
 
 namespace torch::autograd {

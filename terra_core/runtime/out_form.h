@@ -10,11 +10,13 @@
 // Only for operators whose functional and out= forms are one structured kernel (ATen's
 // `structured_delegate`: the meta function computes the output's geometry, the same `impl` writes
 // it; the functional form allocates what the meta function asks for, the out= form checks that the
-// given output already has it and writes there), so the result's bits are the functional's by
-// construction. The pairs come from the native_functions.yaml of the LibTorch built against
-// (generated/structured_ops.inc, made by terra_core/CMakeLists.txt). Other operators have out=
-// forms too, but some compute differently (`mse_loss_backward.grad_input` in older releases) or
-// are the functional form followed by a copy (`autogen` out= forms): those allocate as before.
+// given output already has it and writes there), so the result's bits are the functional's. The
+// pairs come from the native_functions.yaml of the LibTorch built against
+// (generated/structured_ops.inc, made by terra_core/CMakeLists.txt). Other operators' out= forms
+// may be the functional form followed by a copy (`autogen` ones): those allocate as before. One
+// structured kernel is not quite enough (`mse_loss`'s meta function sizes its output for the
+// unreduced loss first, so its out= form resizes a kept reduced result, with a warning): each
+// kernel's first use is checked against the functional form (BlockReplayer::run_out_form).
 #pragma once
 
 #include <ATen/core/Tensor.h>
