@@ -1631,7 +1631,7 @@ bool BlockReplayer::run_alias(const RecordedKernel& k) {
 
 bool BlockReplayer::run_out_form(const RecordedKernel& k, torch::jit::Stack& stack) {
   const size_t n = stack.size();
-  const at::Tensor* free = k.out_form ? k.kept.free_set(k.outs) : nullptr;
+  const at::Tensor* free = k.kept.free_set(k.outs);
   if (!free) return false;
   // Same geometry as the last results: the meta function computes the output's from the inputs'
   // (which follow the block's) and the constants, so the out= form writes them as they are.
@@ -1746,7 +1746,7 @@ void BlockReplayer::run_kernel(const RecordedKernel& k, torch::jit::Stack& stack
   if (!ran) {
     at::AutoDispatchBelowADInplaceOrView below;
     TeamRegion open(region);
-    if (run_out_form(k, stack)) {
+    if (k.out_form && run_out_form(k, stack)) {  // (most kernels have none: no call)
       counts_.outputs_kept += alone;
     } else {
       k.op->redispatchBoxed(k.keys, &stack);

@@ -388,7 +388,7 @@ class BlockReplayer {
   bool run_elementwise(const RecordedKernel& k, bool alone, bool* tried);
   // A view kernel's result made directly (AliasGeometry); false: run the kernel.
   bool run_alias(const RecordedKernel& k);
-  // Kernel `k` in its out= form into its kept results, where it has one and they are free again
+  // Kernel `k` (with an out_form) in its out= form into its kept results, where they are free again
   // (`stack`: its arguments in, its results out); false, the stack unchanged, where not. Its first
   // use also runs the functional form and keeps that form's results where the two differ in any
   // way (bits, geometry, where they are, a warning), and the kernel allocates from then on.

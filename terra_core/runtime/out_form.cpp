@@ -84,6 +84,7 @@ const c10::OperatorHandle* structured_out_form(const c10::OperatorHandle& functi
 }
 
 void KeptResults::keep(const at::Tensor* results, size_t n) {
+  if (n == 0) return;
   size_t bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].defined() || !results[i].unsafeGetTensorImpl()->has_storage() ||
@@ -107,14 +108,12 @@ void KeptResults::keep(const at::Tensor* results, size_t n) {
     set_bytes_[tensors_.size() / n] = bytes;
     tensors_.insert(tensors_.end(), results, results + n);
   }
-  bytes_ = bytes_ - replaced + bytes;
 }
 
 void KeptResults::clear() {
-  g_kept_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+  g_kept_bytes.fetch_sub(bytes(), std::memory_order_relaxed);
   tensors_.clear();
   set_bytes_ = {};
-  bytes_ = 0;
   next_ = 0;
 }
 

@@ -86,13 +86,16 @@ class KeptResults {
   // where kSets are kept, if the process's budget allows.
   void keep(const at::Tensor* results, size_t n);
   void clear();
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const {  // what its sets count against the budget
+    size_t sum = 0;
+    for (size_t b : set_bytes_) sum += b;
+    return sum;
+  }
   static size_t total_bytes();  // the process's
 
  private:
   std::vector<at::Tensor> tensors_;  // the sets, one after the other
   std::array<size_t, kSets> set_bytes_{};  // as counted when kept (a tensor may be resized since)
-  size_t bytes_ = 0;
   size_t next_ = 0;  // the set a new one replaces
 };
 
