@@ -94,12 +94,8 @@ void Payoff::start_pairing(double margin) {
       pair_loop_ = id;
     }
   }
-  // Co-execution kept within the margin (a margin of -1 or less: never kept). No settling: an
-  // iteration is clean here only once a switch is paid for (the first eager iteration after a
-  // co-executed one is not, nor the GraphRunner's first two co-executed ones), so each block
-  // counts its first kCounted clean iterations; settling on top of that left a notebook's calls of
-  // 5 steps 2 clean iterations of the 4 each call could give.
-  pairing_ = PairedTrial(1.0 / std::max(1.0 + margin, 1e-12), /*settle=*/0);
+  // Co-execution kept within the margin (a margin of -1 or less: never kept).
+  pairing_ = PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
   start(Phase::Pairing);
 }
 

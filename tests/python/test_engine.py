@@ -11,6 +11,7 @@ import importlib.util
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -1227,6 +1228,82 @@ def test_the_cache_of_instrumented_code_is_bounded_and_keeps_what_is_used(tmp_pa
     assert any(entry[0] is first.__code__ for entry in terra._instrumented.values())
     assert terra._instrument(first)([4, 5]) == 9
 
+
+
+LOOP_SHAPES_PROGRAM = """
+import torch
+
+
+def for_loop(xs):
+    for x in xs:
+        return x
+
+
+def while_that_leaves(x):
+    while True:
+        return x + 1
+
+
+def while_loop(n):
+    while n > 0:
+        n -= 1
+    return n
+
+
+async def async_for(xs):
+    async for x in xs:
+        pass
+
+
+def comprehension_only(xs):
+    return [x * 2 for x in xs] + list(y for y in xs)
+
+
+def nested_definition_only(xs):
+    def inner():
+        for x in xs:
+            yield x
+    return inner
+
+
+def no_loop(x):
+    return torch.tanh(x) * 2
+"""
+
+
+def test_functions_without_loops_are_not_instrumented_and_no_loop_is_missed(program_file):
+    # terra.run instruments the program's functions that have loops of their own; the rest are
+    # skipped from their bytecode and source alone (compiling each function twice to find no loop
+    # was a third of gpt's first call). Skipped must mean that marking finds no loop.
+    import ast
+    import inspect
+    import textwrap
+    from terra import _loops
+
+    module = program_file("loop_shapes", LOOP_SHAPES_PROGRAM)
+    functions = [getattr(module, n) for n in ("for_loop", "while_that_leaves", "while_loop", "async_for",
+                                              "comprehension_only", "nested_definition_only", "no_loop")]
+    root = str(Path(__file__).resolve().parents[2])
+    sys.path.insert(0, root)
+    try:
+        for name in ("tabular_mlp", "gpt", "rl_cartpole", "resnet", "rnn_lengths"):
+            prog = importlib.import_module(f"bench.programs.{name}")
+            functions += terra._program_functions(prog.train)
+    finally:
+        sys.path.remove(root)
+    skipped = 0
+    for f in functions:
+        source = textwrap.dedent(inspect.getsource(f))
+        loops = _loops.mark_loops(ast.parse(source).body[0].body, f.__qualname__)
+        may_loop = terra._may_loop(f.__code__, source)
+        assert may_loop or loops == 0, f.__qualname__
+        assert may_loop or terra._instrument(f) is None, f.__qualname__
+        skipped += not may_loop
+    names = {f.__name__: terra._may_loop(f.__code__, textwrap.dedent(inspect.getsource(f))) for f in functions[:7]}
+    assert names == {"for_loop": True, "while_that_leaves": True, "while_loop": True, "async_for": True,
+                     "comprehension_only": False, "nested_definition_only": False, "no_loop": False}
+    assert skipped >= 10, skipped  # the bench programs' constructors and forwards
+    assert module.for_loop([3, 4]) == terra.run(module.for_loop, [3, 4]) == 3
 
 LAYER_LOOP_PROGRAM = '''
 import torch

@@ -79,6 +79,20 @@ TEST(PairedTrial, AFirstPairFarApartDecidesAtOnce) {
   EXPECT_EQ(fast_b.ratios().size(), 1u);
 }
 
+TEST(PairedTrial, AFirstPairDecidesAtOnceOnlyFarFromTheGain) {
+  // The payoff check's pairing with a margin of 100 (gain 1/101): eager execution (B) 30% faster
+  // is no reason to take it, and a first pair that far above the gain keeps A at once.
+  PairedTrial margin(1.0 / 101.0);
+  run(margin, [](bool b, int) { return b ? 0.7 : 1.0; });
+  EXPECT_EQ(margin.verdict(), Verdict::KeepA);
+  EXPECT_EQ(margin.ratios().size(), 1u);
+  // Far below even that gain: at once.
+  PairedTrial far(1.0 / 101.0);
+  run(far, [](bool b, int) { return b ? 0.001 : 1.0; });
+  EXPECT_EQ(far.verdict(), Verdict::TakeB);
+  EXPECT_EQ(far.ratios().size(), 1u);
+}
+
 TEST(PairedTrial, TheFirstIterationsOfEachBlockAreNotCounted) {
   PairedTrial t;
   // Each block's first kSettle iterations pay for the switch (10x); B is otherwise 30% faster.

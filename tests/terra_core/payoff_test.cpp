@@ -217,7 +217,7 @@ TEST(Payoff, ANotebooksShortCallsFinishTheirPairing) {
   // clear winner, so the check pairs the modes. The pairing fills its blocks from consecutive
   // calls' clean iterations and decides within a few calls, as on a long run; blocks that needed
   // 6 clean iterations in a row never filled, and the calls co-executed for all of the pairing's
-  // kMaxIterations.
+  // kMaxIterations (403 iterations, then co-execution kept).
   constexpr int kCall = 5;
   Payoff p;
   bool paired = false;
@@ -235,7 +235,7 @@ TEST(Payoff, ANotebooksShortCallsFinishTheirPairing) {
   ASSERT_TRUE(paired);
   ASSERT_EQ(p.checks(), 1u);
   EXPECT_TRUE(p.choice_eager());
-  EXPECT_LE(i, 20 * kCall);  // 68 here: 14 calls
+  EXPECT_LE(i, 30 * kCall);  // 140 here: 28 calls, of which half eager, half co-executed
 }
 
 TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {
