@@ -210,34 +210,6 @@ TEST(Payoff, AReCheckThatConfirmsTheChoiceIsNotPaired) {
   EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * Payoff::kFirstHold);
 }
 
-TEST(Payoff, ANotebooksShortCallsFinishTheirPairing) {
-  // Calls of 5 iterations, each a session: its first iteration is never clean (nothing ran before
-  // it in the session), and a co-executed one is clean only from the session's third on (the
-  // GraphRunner's start, PythonRunner's kCoexecRunBeforeSample). Eager execution 10% faster: no
-  // clear winner, so the check pairs the modes. The pairing fills its blocks from consecutive
-  // calls' clean iterations and decides within a few calls, as on a long run; blocks that needed
-  // 6 clean iterations in a row never filled, and the calls co-executed for all of the pairing's
-  // kMaxIterations (403 iterations, then co-execution kept).
-  constexpr int kCall = 5;
-  Payoff p;
-  bool paired = false;
-  bool last = false;
-  int i = 0, coexec_run = 0;
-  for (; p.checks() == 0 && i < 2 * PairedTrial::kMaxIterations; ++i) {
-    const bool eager = p.eager();
-    const bool first = i % kCall == 0;
-    coexec_run = eager || first ? 0 : coexec_run + 1;
-    const bool clean = !first && eager == last && (eager || coexec_run >= 2);
-    paired = paired || p.phase() == Payoff::Phase::Pairing;
-    p.record(1, eager, clean, eager ? 1.0 : 1.1, 0.0);
-    last = eager;
-  }
-  ASSERT_TRUE(paired);
-  ASSERT_EQ(p.checks(), 1u);
-  EXPECT_TRUE(p.choice_eager());
-  EXPECT_LE(i, 30 * kCall);  // 140 here: 28 calls, of which half eager, half co-executed
-}
-
 TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {
   Driver d;
   // Loop 1 runs twice as often as loop 2 and co-executes faster; loop 2 is slower co-executed.

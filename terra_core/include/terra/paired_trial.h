@@ -11,10 +11,10 @@
 // one process, gave quartiles within 3-10% of the median where separate processes' runs overlapped.
 //
 // Blocks of kBlock iterations run A B B A A B ...; the first kSettle iterations of a block are not
-// counted (the switch itself costs: an OpenMP pool made or released), nor the kSettle after an
-// unclean iteration (one that did not measure the way alone: a divergence, a session's start). Each pair gives t(B)/t(A)
+// counted (the switch itself costs: an OpenMP pool made or released). Each pair gives t(B)/t(A)
 // from its blocks' mean iteration times. A first pair beyond kClear either way decides at once (a
-// clearly slower way costs kBlock iterations, not a whole trial); otherwise B is taken where the
+// clearly slower way costs kBlock iterations, not a whole trial; "clear": beyond kClear times the
+// gain or below it divided by kClear); otherwise B is taken where the
 // median of kPairs pairs is below kGain (or the gain given).
 //
 // Plain C++ on plain numbers: the runtime feeds it co-executed iteration times (PythonRunner).
@@ -38,19 +38,15 @@ class PairedTrial {
 
   enum class Verdict : uint8_t { Running, KeepA, TakeB };
 
-  static constexpr int kCounted = kBlock - kSettle;  // iterations a block's time is the mean of
-
   PairedTrial() = default;
   // `gain`: B is taken where the median pair's t(B)/t(A) is below it (kGain by default).
-  // `settle`: iterations not counted at a block's start and after an unclean one (kSettle by
-  // default; 0 where the caller's `clean` already leaves out what a switch costs).
-  explicit PairedTrial(double gain, int settle = kSettle) : gain_(gain), settle_(settle) {}
+  explicit PairedTrial(double gain) : gain_(gain) {}
 
   // Whether the next iteration runs way B (until a verdict; after it, whether B was taken).
   bool b() const { return verdict_ == Verdict::Running ? block_is_b(block_) : verdict_ == Verdict::TakeB; }
   // An iteration ran the way b() said and took `seconds`. `clean`: it measured that way alone (ran
   // wholly co-executed after an iteration that did); an unclean one starts its block's settling
-  // again, and the block goes on until it has counted kCounted clean iterations.
+  // again.
   Verdict record(bool clean, double seconds);
   Verdict verdict() const { return verdict_; }
   // t(B) / t(A) per pair so far.
@@ -60,9 +56,8 @@ class PairedTrial {
   static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...
 
   double gain_ = kGain;
-  int settle_ = kSettle;
   Verdict verdict_ = Verdict::Running;
-  int block_ = 0, settled_ = 0, counted_ = 0, iterations_ = 0;
+  int block_ = 0, in_block_ = 0, counted_ = 0, iterations_ = 0;
   double sum_ = 0;
   double pair_[2] = {0, 0};  // this pair's block times: A, B
   std::vector<double> ratios_;
