@@ -117,6 +117,7 @@ const char* PythonRunner::mode_name() const {
 void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   TORCH_CHECK(mode_ == Mode::Off, "Terra: co-execution is already active on this thread");
   graph_ = graph;
+  graph_->payoff.session_started();
   graph_name_ = Timeline::instance().intern(graph->name);
   last_team_move_ns_ = 0;  // the session's first move into co-execution is never held back
   root_ = root;

@@ -10,18 +10,22 @@ PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
     verdict_ = Verdict::KeepA;
     return verdict_;
   }
+  // An unclean iteration starts the settling again and keeps what the block counted: blocks of
+  // kBlock clean iterations in a row never filled where every few iterations are unclean (a
+  // notebook's calls of 5 steps, each a session starting with one), and the payoff check's pairing
+  // stayed in its first block, co-executing, for all kMaxIterations (payoff.h: session_started).
   if (!clean || !(seconds > 0)) {
-    in_block_ = counted_ = 0;
-    sum_ = 0;
+    settled_ = 0;
     return verdict_;
   }
-  if (in_block_++ >= kSettle) {
-    sum_ += seconds;
-    ++counted_;
+  if (settled_ < kSettle) {
+    ++settled_;
+    return verdict_;
   }
-  if (in_block_ < kBlock) return verdict_;
+  sum_ += seconds;
+  if (++counted_ < kCounted) return verdict_;
   pair_[block_is_b(block_) ? 1 : 0] = sum_ / counted_;
-  in_block_ = counted_ = 0;
+  settled_ = counted_ = 0;
   sum_ = 0;
   if (block_++ % 2 == 0) return verdict_;  // the pair's first block
   const double ratio = pair_[1] / pair_[0];

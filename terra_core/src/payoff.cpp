@@ -30,6 +30,7 @@ std::vector<Payoff::LoopTimes> Payoff::loops() const {
 void Payoff::start(Phase phase) {
   phase_ = phase;
   samples_ = iterations_ = 0;
+  session_way_.reset();  // a pairing begun inside a session runs its blocks' ways there
   // A measuring phase times its mode afresh: older samples may be from another phase of the
   // program. The other mode's samples are recent (taken while it was held). Pairing keeps both.
   if (phase == Phase::Hold || phase == Phase::Pairing) return;
@@ -38,8 +39,18 @@ void Payoff::start(Phase phase) {
 
 void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.add(seconds); }
 
+void Payoff::session_started() {
+  last_session_records_ = session_records_;
+  session_records_ = 0;
+  session_way_.reset();
+  if (phase_ == Phase::Pairing && last_session_records_ > 0 && last_session_records_ <= kShortSession)
+    session_way_ = pairing_.b();
+}
+
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
                     double check_budget) {
+  // A session longer than the short ones before it is paired in blocks inside it from here on.
+  if (++session_records_ > kShortSession) session_way_.reset();
   Loop& l = loops_[loop];
   ++l.iterations;
   if (clean) (eager ? l.eager : l.coexec).add(seconds);

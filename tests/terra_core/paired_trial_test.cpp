@@ -110,9 +110,9 @@ TEST(PairedTrial, TheFirstIterationsOfEachBlockAreNotCounted) {
 
 TEST(PairedTrial, AnUncleanIterationRestartsItsBlocksSettlingAndTooFewCleanOnesKeepA) {
   PairedTrial t;
-  // One unclean iteration in the middle of the first block: the block needs kBlock clean ones
-  // after it (its settling again), so the first pair ends kSettle + 1 + ... iterations later.
-  for (int i = 0; i < 3; ++i) t.record(true, 1.0);
+  // One unclean iteration in the middle of the first block (after its settling and one counted
+  // iteration): the block settles again and counts the rest of its kCounted.
+  for (int i = 0; i < PairedTrial::kSettle + 1; ++i) t.record(true, 1.0);
   t.record(false, 50.0);  // not counted, whatever it took
   int n = 0;
   while (t.verdict() == Verdict::Running && n < 100) {
@@ -120,13 +120,37 @@ TEST(PairedTrial, AnUncleanIterationRestartsItsBlocksSettlingAndTooFewCleanOnesK
     ++n;
   }
   EXPECT_EQ(t.verdict(), Verdict::TakeB);
-  EXPECT_EQ(n, 2 * PairedTrial::kBlock);
+  EXPECT_EQ(n, (PairedTrial::kBlock - 1) + PairedTrial::kBlock);
   EXPECT_DOUBLE_EQ(t.ratios()[0], 0.5);
   // Never clean: the trial gives up after kMaxIterations and keeps A.
   PairedTrial never;
   for (int i = 0; i <= PairedTrial::kMaxIterations; ++i) never.record(false, 1.0);
   EXPECT_EQ(never.verdict(), Verdict::KeepA);
   EXPECT_TRUE(never.ratios().empty());
+}
+
+TEST(PairedTrial, BlocksFillAcrossShortRunsThatEachStartUnclean) {
+  // A notebook's calls of 5 steps: each call's first iteration is unclean (the session's start),
+  // so no kBlock clean iterations ever come in a row. The blocks still fill, from the clean
+  // iterations of consecutive calls, and the trial decides as it would on one long run.
+  constexpr int kCall = 5;
+  PairedTrial t(1.0);
+  int n = 0;
+  std::vector<bool> ways;
+  for (; t.verdict() == Verdict::Running && n < PairedTrial::kMaxIterations; ++n) {
+    const bool clean = n % kCall != 0;
+    ways.push_back(t.b());
+    t.record(clean, clean ? (t.b() ? 0.7 : 1.0) : 10.0);
+  }
+  EXPECT_EQ(t.verdict(), Verdict::TakeB);
+  ASSERT_EQ(t.ratios().size(), 1u);  // a first pair beyond kClear
+  EXPECT_DOUBLE_EQ(t.ratios()[0], 0.7);
+  // Each block: kCounted counted iterations, each call giving kCall - 1 - kSettle.
+  const int per_call = kCall - 1 - PairedTrial::kSettle;
+  const int calls_per_block = (PairedTrial::kCounted + per_call - 1) / per_call;
+  EXPECT_LE(n, 2 * calls_per_block * kCall);
+  EXPECT_FALSE(ways.front());
+  EXPECT_TRUE(ways.back());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 
 namespace terra::test {
 namespace {
@@ -208,6 +209,97 @@ TEST(Payoff, AReCheckThatConfirmsTheChoiceIsNotPaired) {
   EXPECT_FALSE(paired);
   EXPECT_FALSE(p.choice_eager());
   EXPECT_EQ(p.hold_left(), Payoff::kHoldGrowth * Payoff::kFirstHold);
+}
+
+// Calls of `call` iterations, each a session: its first iteration is never clean (nothing ran
+// before it in the session), nor a co-executed one before the session's third (the GraphRunner's
+// start: PythonRunner's kCoexecRunBeforeSample), nor the first after a switch. Runs until the
+// first check; returns the iterations, and in `mixed` the calls that began while the modes were
+// paired and ran both modes.
+int run_calls(Payoff& p, int call, double coexec_s, double eager_s, bool& paired, int& mixed) {
+  bool last = false;
+  int i = 0, coexec_run = 0;
+  mixed = 0;
+  std::optional<bool> way;  // the mode of the current call's iterations, if one
+  bool call_paired = false;
+  for (; p.checks() == 0 && i < 2 * PairedTrial::kMaxIterations; ++i) {
+    const bool first = i % call == 0;
+    if (first) {
+      p.session_started();
+      mixed += call_paired && !way;
+      call_paired = p.phase() == Payoff::Phase::Pairing;
+      way.reset();
+    }
+    const bool eager = p.eager();
+    if (first) way = eager;
+    if (way && *way != eager) way.reset();
+    coexec_run = eager || first ? 0 : coexec_run + 1;
+    const bool clean = !first && eager == last && (eager || coexec_run >= 2);
+    paired = paired || p.phase() == Payoff::Phase::Pairing;
+    p.record(1, eager, clean, eager ? eager_s : coexec_s, 0.0);
+    last = eager;
+  }
+  return i;
+}
+
+TEST(Payoff, ANotebooksShortCallsArePairedCallByCall) {
+  // Eager execution 10% faster: no clear winner, so the check pairs the modes. The blocks fill
+  // from consecutive calls' clean iterations and switch only between calls. Blocks of 6 clean
+  // iterations in a row never filled in 5-step calls: the calls co-executed for all of the
+  // pairing's kMaxIterations (403 iterations, then co-execution kept); blocks that filled across
+  // calls but switched inside them cost more than either mode (bench/results/s48_short_calls.md).
+  constexpr int kCall = 7;  // 5 steps, the stretches before and after the loop
+  Payoff p;
+  bool paired = false;
+  int mixed = 0;
+  const int n = run_calls(p, kCall, 1.1, 1.0, paired, mixed);
+  ASSERT_TRUE(paired);
+  ASSERT_EQ(p.checks(), 1u);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_LE(n, 40 * kCall);
+  EXPECT_EQ(mixed, 0);
+  // Co-execution 10% faster: kept, the same way.
+  Payoff q;
+  paired = false;
+  EXPECT_LE(run_calls(q, kCall, 1.0, 1.1, paired, mixed), 40 * kCall);
+  EXPECT_TRUE(paired);
+  EXPECT_FALSE(q.choice_eager());
+  EXPECT_EQ(mixed, 0);
+}
+
+TEST(Payoff, LongSessionsAreStillPairedInBlocksInsideThem) {
+  // A session of 400 iterations (a script's training loop): the blocks switch inside it.
+  Payoff p;
+  bool paired = false;
+  int mixed = 0;
+  const int n = run_calls(p, 400, 1.1, 1.0, paired, mixed);
+  ASSERT_TRUE(paired);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_LT(n, 400);
+  // Short calls until the pairing begins, then a long call: held to one way for its first
+  // kShortSession iterations at most, then paired in blocks inside it, and decided there.
+  Payoff q;
+  bool last = false;
+  int i = 0;
+  for (; q.phase() != Payoff::Phase::Pairing && i < 1000; ++i) {
+    if (i % 5 == 0) q.session_started();
+    const bool eager = q.eager();
+    q.record(1, eager, i % 5 != 0 && eager == last, eager ? 1.0 : 1.1, 0.0);
+    last = eager;
+  }
+  ASSERT_EQ(q.phase(), Payoff::Phase::Pairing);
+  q.session_started();
+  int switches = 0, n_long = 0;
+  for (bool first = true; q.checks() == 0 && n_long < 300; ++n_long, first = false) {
+    const bool eager = q.eager();
+    switches += !first && eager != last;
+    q.record(1, eager, !first && eager == last, eager ? 1.0 : 1.1, 0.0);
+    last = eager;
+  }
+  EXPECT_EQ(q.checks(), 1u);
+  EXPECT_TRUE(q.choice_eager());
+  EXPECT_GE(switches, 2);
+  EXPECT_LT(n_long, 150);
 }
 
 TEST(Payoff, LoopsAreWeightedByHowOftenTheyRun) {

@@ -11,7 +11,9 @@
 // one process, gave quartiles within 3-10% of the median where separate processes' runs overlapped.
 //
 // Blocks of kBlock iterations run A B B A A B ...; the first kSettle iterations of a block are not
-// counted (the switch itself costs: an OpenMP pool made or released). Each pair gives t(B)/t(A)
+// counted (the switch itself costs: an OpenMP pool made or released), nor the kSettle after an
+// unclean iteration (one that did not time its way alone: a divergence, a session's start); a block
+// ends once it has counted kCounted. Each pair gives t(B)/t(A)
 // from its blocks' mean iteration times. A first pair beyond kClear either way decides at once (a
 // clearly slower way costs kBlock iterations, not a whole trial; "clear": beyond kClear times the
 // gain or below it divided by kClear); otherwise B is taken where the
@@ -38,6 +40,8 @@ class PairedTrial {
 
   enum class Verdict : uint8_t { Running, KeepA, TakeB };
 
+  static constexpr int kCounted = kBlock - kSettle;  // iterations a block's time is the mean of
+
   PairedTrial() = default;
   // `gain`: B is taken where the median pair's t(B)/t(A) is below it (kGain by default).
   explicit PairedTrial(double gain) : gain_(gain) {}
@@ -46,7 +50,7 @@ class PairedTrial {
   bool b() const { return verdict_ == Verdict::Running ? block_is_b(block_) : verdict_ == Verdict::TakeB; }
   // An iteration ran the way b() said and took `seconds`. `clean`: it measured that way alone (ran
   // wholly co-executed after an iteration that did); an unclean one starts its block's settling
-  // again.
+  // again, and the block goes on until it has counted kCounted clean iterations.
   Verdict record(bool clean, double seconds);
   Verdict verdict() const { return verdict_; }
   // t(B) / t(A) per pair so far.
@@ -57,7 +61,7 @@ class PairedTrial {
 
   double gain_ = kGain;
   Verdict verdict_ = Verdict::Running;
-  int block_ = 0, in_block_ = 0, counted_ = 0, iterations_ = 0;
+  int block_ = 0, settled_ = 0, counted_ = 0, iterations_ = 0;
   double sum_ = 0;
   double pair_[2] = {0, 0};  // this pair's block times: A, B
   std::vector<double> ratios_;

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -67,8 +68,17 @@ class Payoff {
   // Whether the graph's next iteration should run eagerly.
   bool eager() const {
     return phase_ == Phase::MeasureEager || (phase_ == Phase::Hold && choice_eager_) ||
-           (phase_ == Phase::Pairing && pairing_.b());
+           (phase_ == Phase::Pairing && (session_way_ ? *session_way_ : pairing_.b()));
   }
+  // A session (a `terra.run` call, a notebook cell) begins. Where the graph's sessions are short
+  // (the last one recorded at most kShortSession iterations), each runs wholly in the way the
+  // pairing is at when it begins, so its blocks switch only between calls: switching modes inside
+  // 5-step calls made gpt's calls 0.80 of eager's speed while its pairing lasted, against 1.08
+  // co-executing (bench/results/s48_short_calls.md). A block that fills during a call leaves the
+  // rest of the call uncounted (it runs the other way). A session that goes on past
+  // kShortSession iterations is paired in blocks inside it from then on.
+  void session_started();
+  static constexpr int kShortSession = 4 * PairedTrial::kBlock;
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
   // mode and the iteration before it ran in the same mode. `margin`: co-execution is kept while
   // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
@@ -127,6 +137,8 @@ class Payoff {
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
   double coexec_s_ = 0, eager_s_ = 0;
+  int session_records_ = 0, last_session_records_ = 0;  // record() calls, this session and the last
+  std::optional<bool> session_way_;  // short sessions while pairing: this session's way (eager?)
 };
 
 }  // namespace terra
