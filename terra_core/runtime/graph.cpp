@@ -74,6 +74,7 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
                      {"eager_ms", l.eager_s * 1e3}});
   return {{"phase", phase},
           {"loops", loops},
+          {"by_call", p.paired_by_call()},
           {"checks", p.checks()},
           {"choice", p.checks() == 0 ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
           {"coexec_ms", p.coexec_seconds() * 1e3},

@@ -262,6 +262,10 @@ def test_magics_report(kc):
                   "payoff_line({'phase': 'holding', 'checks': 1, 'choice': 'co-execute'}))")
     assert "in alternating blocks" in line, line
     assert line.strip().endswith("None"), line
+    line = ok(kc, "from terra_kernel.magics import payoff_line\n"
+                  "print(payoff_line({'phase': 'timing both in alternating blocks', 'by_call': True, 'checks': 0, "
+                  "'choice': 'none yet'}))")
+    assert "a whole cell (or call) each way in turn" in line, line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
 

@@ -228,6 +228,7 @@ int run_calls(Payoff& p, int call, double coexec_s, double eager_s, bool& paired
       p.session_started();
       mixed += call_paired && !way;
       call_paired = p.phase() == Payoff::Phase::Pairing;
+      EXPECT_EQ(p.paired_by_call(), call_paired && i >= 2 * call);  // a short call came before
       way.reset();
     }
     const bool eager = p.eager();
@@ -289,6 +290,7 @@ TEST(Payoff, LongSessionsAreStillPairedInBlocksInsideThem) {
   }
   ASSERT_EQ(q.phase(), Payoff::Phase::Pairing);
   q.session_started();
+  EXPECT_TRUE(q.paired_by_call());
   int switches = 0, n_long = 0;
   for (bool first = true; q.checks() == 0 && n_long < 300; ++n_long, first = false) {
     const bool eager = q.eager();
@@ -298,6 +300,7 @@ TEST(Payoff, LongSessionsAreStillPairedInBlocksInsideThem) {
   }
   EXPECT_EQ(q.checks(), 1u);
   EXPECT_TRUE(q.choice_eager());
+  EXPECT_FALSE(q.paired_by_call());
   EXPECT_GE(switches, 2);
   EXPECT_LT(n_long, 150);
 }

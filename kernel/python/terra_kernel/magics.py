@@ -312,6 +312,10 @@ def payoff_line(payoff):
     while co-execution is kept. While it times both modes in alternating blocks (a check it could
     not tell from one phase of each), it says so: the timeline then shows eager and co-executed
     iterations taking turns."""
+    if payoff.get("phase") == PAIRING and payoff.get("by_call"):
+        return ("is being timed co-executed and eagerly, a whole cell (or call) each way in turn "
+                "(one phase of each was too close to tell on this host, and its runs are short); "
+                "the faster then runs")
     if payoff.get("phase") == PAIRING:
         return ("is being timed co-executed and eagerly in alternating blocks (one phase of each "
                 "was too close to tell on this host); the faster then runs")

@@ -79,6 +79,8 @@ class Payoff {
   // kShortSession iterations is paired in blocks inside it from then on.
   void session_started();
   static constexpr int kShortSession = 4 * PairedTrial::kBlock;
+  // The modes are paired and this session runs wholly in one of them (session_started).
+  bool paired_by_call() const { return phase_ == Phase::Pairing && session_way_.has_value(); }
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
   // mode and the iteration before it ran in the same mode. `margin`: co-execution is kept while
   // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
