@@ -27,6 +27,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "same_ints.h"
+
 namespace terra::runtime {
 
 // The out= form of `functional` where both are one structured kernel on the CPU, its arguments are
@@ -101,17 +103,11 @@ class KeptResults {
 
 // Inline: asked at every replayed kernel that keeps results.
 inline const at::Tensor* KeptResults::free_set(size_t n, const c10::TensorImpl* like) const {
-  const auto same = [](c10::IntArrayRef a, c10::IntArrayRef b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i)
-      if (a[i] != b[i]) return false;
-    return true;
-  };
   const at::Tensor* t = tensors_.data();
   for (size_t set = 0; n != 0 && set + n <= tensors_.size(); set += n) {
     bool free = true;
     for (size_t i = set; i < set + n && free; ++i)
-      free = result_free(t[i]) && (!like || (same(t[i].sizes(), like->sizes()) && same(t[i].strides(), like->strides())));
+      free = result_free(t[i]) && (!like || (same_ints(t[i].sizes(), like->sizes()) && same_ints(t[i].strides(), like->strides())));
     if (free) return t + set;
   }
   return nullptr;

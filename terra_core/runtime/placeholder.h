@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "block_pool.h"
+#include "same_ints.h"
 #include "terra/trace.h"
 
 namespace terra::runtime {
@@ -138,16 +139,6 @@ class PlaceholderImpl final : public c10::TensorImpl {
   at::Tensor view_base_;
   friend class PlaceholderPool;
 };
-
-// Two sizes or strides lists are equal. ArrayRef's operator== calls memcmp, whose call and
-// set-up cost more than the compare itself for the few dimensions tensors have (about 37
-// instructions a call, four to six calls per replayed elementwise kernel and per template check).
-inline bool same_ints(c10::IntArrayRef a, c10::IntArrayRef b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return false;
-  return true;
-}
 
 // The core's terra::TensorMeta (trace.h), read from and compared with ATen tensors: placeholders
 // are made from it.

@@ -40,11 +40,10 @@ void Payoff::start(Phase phase) {
 void Payoff::record_traced(uint64_t loop, double seconds) { loops_[loop].traced.add(seconds); }
 
 void Payoff::session_started() {
-  last_session_records_ = session_records_;
+  const int last = session_records_;
   session_records_ = 0;
   session_way_.reset();
-  if (phase_ == Phase::Pairing && last_session_records_ > 0 && last_session_records_ <= kShortSession)
-    session_way_ = pairing_.b();
+  if (phase_ == Phase::Pairing && last > 0 && last <= kShortSession) session_way_ = pairing_.b();
 }
 
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,

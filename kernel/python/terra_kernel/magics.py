@@ -312,13 +312,11 @@ def payoff_line(payoff):
     while co-execution is kept. While it times both modes in alternating blocks (a check it could
     not tell from one phase of each), it says so: the timeline then shows eager and co-executed
     iterations taking turns."""
-    if payoff.get("phase") == PAIRING and payoff.get("by_call"):
-        return ("is being timed co-executed and eagerly, a whole cell (or call) each way in turn "
-                "(one phase of each was too close to tell on this host, and its runs are short); "
-                "the faster then runs")
     if payoff.get("phase") == PAIRING:
-        return ("is being timed co-executed and eagerly in alternating blocks (one phase of each "
-                "was too close to tell on this host); the faster then runs")
+        # by_call: its cells (calls) are short, and each runs wholly one way (terra/payoff.h)
+        turns = "a whole cell (or call) each way in turn" if payoff.get("by_call") else "in alternating blocks"
+        return (f"is being timed co-executed and eagerly, {turns} (one phase of each was too close "
+                f"to tell on this host); the faster then runs")
     if payoff["checks"] == 0 or payoff["choice"] != "eager":
         return None
     return (f"runs eagerly: co-executed it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "

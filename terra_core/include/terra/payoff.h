@@ -139,7 +139,7 @@ class Payoff {
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
   double coexec_s_ = 0, eager_s_ = 0;
-  int session_records_ = 0, last_session_records_ = 0;  // record() calls, this session and the last
+  int session_records_ = 0;  // record() calls in this session
   std::optional<bool> session_way_;  // short sessions while pairing: this session's way (eager?)
 };
 
