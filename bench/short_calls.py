@@ -8,9 +8,13 @@ runs CALLS calls of STEPS steps (eager: `train` itself; terra: `terra.run(train,
 `terra.sync()`), and reports the median wall time per call after the first WARM calls and the
 first call's time. Eager, Terra and an optional variant (`--variant VAR=VALUE`, another build
 through PYTHONPATH) run in fresh processes, interleaved in each round; the table gives medians
-over rounds. Results: bench/results/short_calls.{json,md} (`--name` for another name).
+over rounds. Terra's payoff check starts afresh in each process (TERRA_REMEMBER_PAYOFF=0: a
+program's first run on a machine); `--remembered` adds Terra run again after an untimed run of
+the same program filled a cache directory of its own (runtime/payoff_memory.h: a notebook
+restarted, a script launched again). Results: bench/results/short_calls.{json,md} (`--name` for
+another name).
 
-    .venv/bin/python bench/short_calls.py [--rounds 3] [--steps 5,25] [--variant PYTHONPATH=...]
+    .venv/bin/python bench/short_calls.py [--rounds 3] [--steps 5,25] [--variant PYTHONPATH=...] [--remembered]
 """
 import argparse
 import importlib
@@ -20,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,12 +52,15 @@ def child(mode, name, steps, threads):
     print(json.dumps({"first_ms": times[0] * 1e3, "call_ms": statistics.median(times[WARM:]) * 1e3}))
 
 
-def run_child(mode, name, steps, threads, variant):
-    env = dict(os.environ)
+def run_child(mode, name, steps, threads, variant, caches=None):
+    env = dict(os.environ, TERRA_REMEMBER_PAYOFF="0")
     if mode == "variant":
         key, _, value = variant.partition("=")
         env[key] = value
-    out = subprocess.run([sys.executable, __file__, "--child", mode, name, str(steps), str(threads)],
+    if mode == "remembered":
+        env.update(TERRA_REMEMBER_PAYOFF="1", TERRA_CACHE_DIR=caches[(name, steps)])
+    child_mode = "terra" if mode == "remembered" else mode
+    out = subprocess.run([sys.executable, __file__, "--child", child_mode, name, str(steps), str(threads)],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{mode} {name} {steps}: {out.stderr[-2000:]}")
@@ -66,6 +74,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--variant", help="VAR=VALUE: Terra again with this environment variable, same rounds")
+    ap.add_argument("--remembered", action="store_true",
+                    help="Terra again, each program after an untimed run that filled its own cache directory")
     ap.add_argument("--name", default="short_calls")
     ap.add_argument("--child", nargs=4)
     args = ap.parse_args()
@@ -73,21 +83,28 @@ def main():
         mode, name, steps, threads = args.child
         child(mode, name, int(steps), int(threads))
         return
-    modes = ("eager", "terra") + (("variant",) if args.variant else ())
+    modes = ("eager", "terra") + (("variant",) if args.variant else ()) + (("remembered",) if args.remembered else ())
     programs = args.programs.split(",")
     steps_list = [int(s) for s in args.steps.split(",")]
+    caches = {}
+    if args.remembered:
+        root = tempfile.mkdtemp(prefix="terra-short-calls-")
+        for name in programs:
+            for steps in steps_list:
+                caches[(name, steps)] = os.path.join(root, f"{name}-{steps}")
+                run_child("remembered", name, steps, args.threads, args.variant, caches)  # fills it
     runs = {}
     for r in range(args.rounds):
         for name in programs:
             for steps in steps_list:
                 for mode in modes:
-                    res = run_child(mode, name, steps, args.threads, args.variant)
+                    res = run_child(mode, name, steps, args.threads, args.variant, caches)
                     runs.setdefault(f"{name}/{steps}/{mode}", []).append(res)
                     print(f"round {r + 1} {name} {steps} steps {mode}: {res['call_ms']:.2f} ms/call "
                           f"(first {res['first_ms']:.1f})", flush=True)
     med = {k: {f: statistics.median(x[f] for x in v) for f in ("call_ms", "first_ms")} for k, v in runs.items()}
     doc = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-           "variant": args.variant, "rounds": args.rounds, "calls": CALLS, "warm": WARM,
+           "variant": args.variant, "remembered": args.remembered, "rounds": args.rounds, "calls": CALLS, "warm": WARM,
            "runs": runs, "medians": med, "date": time.strftime("%Y-%m-%d %H:%M")}
     out = ROOT / "bench" / "results"
     (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
@@ -100,6 +117,9 @@ def main():
     if args.variant:
         head += " variant ms/call | variant speedup |"
         sep += "---:|---:|"
+    if args.remembered:
+        head += " remembered ms/call | remembered speedup | remembered first call ms |"
+        sep += "---:|---:|---:|"
     lines += [head, sep]
     ratios = {m: [] for m in modes[1:]}
     for name in programs:
@@ -112,10 +132,15 @@ def main():
                 v = med[f"{name}/{steps}/variant"]["call_ms"]
                 ratios["variant"].append(e / v)
                 row += f" {v:.2f} | {e / v:.2f} |"
+            if args.remembered:
+                w = med[f"{name}/{steps}/remembered"]
+                ratios["remembered"].append(e / w["call_ms"])
+                row += f" {w['call_ms']:.2f} | {e / w['call_ms']:.2f} | {w['first_ms']:.1f} |"
             lines.append(row)
+    label = {"terra": "Terra", "variant": f"variant ({args.variant})",
+             "remembered": "Terra with an earlier run's choices"}
     for m, xs in ratios.items():
-        g = statistics.geometric_mean(xs)
-        lines += ["", f"Geometric mean speedup, {'Terra' if m == 'terra' else 'variant (' + args.variant + ')'}: {g:.2f}"]
+        lines += ["", f"Geometric mean speedup, {label[m]}: {statistics.geometric_mean(xs):.2f}"]
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

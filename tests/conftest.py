@@ -12,3 +12,7 @@ os.environ.setdefault("TERRA_ADAPTIVE", "0")
 # One-thread verdicts (terra_core/runtime/verdicts.h) persist across processes in a cache file; the
 # suite keeps its own, new for every run, so no test depends on what an earlier run checked.
 os.environ.setdefault("TERRA_CACHE_DIR", tempfile.mkdtemp(prefix="terra-test-cache-"))
+# The payoff check's choices persist in that directory too (runtime/payoff_memory.h): a test that
+# turns the check on would start from the choice an earlier test made for the same loop, so the
+# suite remembers none; tests/python/test_payoff_memory.py turns it on.
+os.environ.setdefault("TERRA_REMEMBER_PAYOFF", "0")

@@ -15,6 +15,7 @@
 #include "python_runner.h"
 #include "runner_allocator.h"
 #include "timeline.h"
+#include "payoff_memory.h"
 #include "verdicts.h"
 #include "python_stack.h"
 #include "terra/version.h"
@@ -272,11 +273,14 @@ PYBIND11_MODULE(_C, m) {
     j["values_released_early"] = r.values_released_early();
     j["verdict_cache"] = terra::runtime::Verdicts::process().path();
     j["verdicts_loaded"] = terra::runtime::Verdicts::process().loaded();
+    j["payoff_cache"] = terra::runtime::PayoffMemory::process().path();
+    j["payoff_choices_loaded"] = terra::runtime::PayoffMemory::process().loaded();
     return to_python(j);
   }, "ATen ops the GraphRunner executed through autograd and below it, what block replay did "
         "(iterations, items and kernels replayed, blocks recorded and refused), and how many values "
         "it dropped right after their last reader ran, since the process started; the one-thread "
-        "verdict cache file (verdict_cache, \"\" when off) and how many verdicts it held when read.");
+        "verdict cache file (verdict_cache, \"\" when off) and how many verdicts it held when read; "
+        "the payoff check's choices' cache file (payoff_cache) and how many choices it held.");
   m.def("allocator_counts", [] {
     if (!terra::runtime::RunnerAllocator::installed()) return py::dict();
     const auto st = terra::runtime::RunnerAllocator::install().stats();

@@ -76,7 +76,9 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
           {"loops", loops},
           {"by_call", p.paired_by_call()},
           {"checks", p.checks()},
-          {"choice", p.checks() == 0 ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          {"choice", p.checks() == 0 && !p.resumed() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          // The first choice held was an earlier run's (runtime/payoff_memory.h).
+          {"remembered", p.resumed()},
           {"coexec_ms", p.coexec_seconds() * 1e3},
           {"eager_ms", p.eager_seconds() * 1e3},
           {"next_check_in", p.phase() == terra::Payoff::Phase::Hold ? p.hold_left() : 0}};

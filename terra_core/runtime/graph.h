@@ -90,6 +90,10 @@ struct Graph {
   // Whether co-executing this graph is faster than running it eagerly (terra/payoff.h):
   // iterations it runs eagerly for that reason are `iterations_eager_chosen`.
   terra::Payoff payoff;
+  // The key its checks' choices are kept under across processes (runtime/payoff_memory.h; 0:
+  // none), and whether it was looked up (PythonRunner::recall_payoff).
+  uint64_t payoff_key = 0;
+  bool payoff_recalled = false;
   // Its co-executed iterations run with the GraphRunner's idle OpenMP workers asleep
   // (openmp_team.h, limit_openmp_spinning). Flipped each time the payoff check finds co-execution
   // slower than eager execution, so its next timing of co-execution tries the workers the other

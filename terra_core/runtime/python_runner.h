@@ -200,6 +200,12 @@ class PythonRunner {
   void begin_iteration(uint64_t boundary);
   // The mode a stable iteration runs in: co-executed, or eagerly where that measured faster.
   Mode stable_mode();
+  // The first time a graph's loop is stable: its payoff check starts from an earlier run's choice
+  // for the loop where one is kept (payoff_memory.h), and the graph's checks are kept under the
+  // same key (remember_payoff).
+  void recall_payoff();
+  void remember_payoff();
+  uint64_t payoff_key(const std::vector<uint32_t>& path) const;
   // A co-executed iteration's time as the payoff check sees it: up to the GraphRunner's finishing
   // the previous iteration (waits for that); `span_seconds` where no co-executed one preceded.
   double coexec_seconds(double span_seconds);

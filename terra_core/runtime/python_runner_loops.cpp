@@ -5,6 +5,7 @@
 
 #include "backward_hooks.h"
 #include "openmp_team.h"
+#include "payoff_memory.h"
 #include "runner_allocator.h"
 #include "terra/location_key.h"
 #include "timeline.h"
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include <pthread.h>
@@ -191,8 +193,10 @@ void PythonRunner::end_iteration() {
                            graph_->workers_pairing.b();
     graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
                           policy_.payoff_check_budget);
+    const auto trial = graph_->workers_trial;
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
     if (choosing_spin()) pair_workers(clean, seconds);
+    if (graph_->payoff.checks() != checks || graph_->workers_trial != trial) remember_payoff();
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -393,9 +397,66 @@ void PythonRunner::pair_workers(bool clean, double seconds) {
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {
-  if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
+  if (!policy_.adaptive) return Mode::CoExec;
+  if (!graph_->payoff_recalled) recall_payoff();
+  if (!graph_->payoff.eager()) return Mode::CoExec;
   chosen_eager_ = true;
   return Mode::Eager;
+}
+
+void PythonRunner::recall_payoff() {
+  Graph& g = *graph_;
+  // Keyed by what the choice is measured on: the loop's latest traced iteration (another loop's
+  // ran last: the next stable iteration looks).
+  if (g.last_path.empty() || g.last_path.front() != root_node_) return;
+  g.payoff_recalled = true;
+  if (!policy_.remember_payoff) return;
+  g.payoff_key = payoff_key(g.last_path);
+  const auto choice = PayoffMemory::process().find(g.payoff_key);
+  if (!choice) return;
+  g.payoff.resume(choice->eager, choice->coexec_s, choice->eager_s, choice->hold);
+  g.workers_asleep = choice->workers_asleep;
+  g.retimed_coexec = choice->retimed_coexec;
+  if (choice->workers_settled) g.workers_trial = Graph::WorkersTrial::Done;
+}
+
+void PythonRunner::remember_payoff() {
+  const Graph& g = *graph_;
+  if (g.payoff_key == 0 || !policy_.remember_payoff || (g.payoff.checks() == 0 && !g.payoff.resumed())) return;
+  PayoffMemory::Choice c;
+  c.eager = g.payoff.choice_eager();
+  c.coexec_s = g.payoff.coexec_seconds();
+  c.eager_s = g.payoff.eager_seconds();
+  c.hold = g.payoff.hold();
+  // While the two ways alternate, the way the trial started from (the pairing is not kept).
+  c.workers_asleep = g.workers_trial == Graph::WorkersTrial::Pairing ? g.workers_asleep_before : g.workers_asleep;
+  c.retimed_coexec = g.retimed_coexec;
+  c.workers_settled = g.workers_trial == Graph::WorkersTrial::Done;
+  PayoffMemory::process().store(g.payoff_key, c);
+}
+
+uint64_t PythonRunner::payoff_key(const std::vector<uint32_t>& path) const {
+  // Stable across processes: op names (not the addresses of their schemas), call stacks (code by
+  // content), occurrences and output geometry (a model made larger is another measurement); the
+  // intra-op thread count and the margin the check decided by. The first kKeyNodes ops say which
+  // program it is.
+  constexpr size_t kKeyNodes = 4096;
+  uint64_t h = terra::hash_combine(boundary_, static_cast<uint64_t>(at::get_num_threads()));
+  double margin = policy_.payoff_margin;
+  uint64_t margin_bits = 0;
+  std::memcpy(&margin_bits, &margin, sizeof margin_bits);
+  h = terra::hash_combine(h, margin_bits);
+  for (size_t i = 1; i < path.size() && i <= kKeyNodes; ++i) {
+    const RuntimeNode& n = graph_->nodes[path[i]];
+    const terra::LocationKey& key = graph_->trace.node(path[i]).key;
+    h = terra::hash_combine(h, terra::hash_bytes(n.tmpl.name));
+    h = terra::hash_combine(h, terra::hash_combine(key.stack, key.occurrence));
+    for (const OutSpec& o : n.tmpl.outs) {
+      h = terra::hash_combine(h, static_cast<uint64_t>(o.meta.dtype));
+      for (int64_t size : o.meta.sizes) h = terra::hash_combine(h, static_cast<uint64_t>(size));
+    }
+  }
+  return h | 1;  // never 0 (none)
 }
 
 void PythonRunner::explain_unsteady() {

@@ -44,7 +44,22 @@ uint64_t hash_object(PyObject* o, uint64_t h, int depth = 0) {
     h = hash_object(c->co_names, h, depth + 1);
     return hash_object(c->co_consts, h, depth + 1);
   }
-  PyObject* r = PyObject_Repr(o);  // numbers, None, frozensets of constants
+  if (PyFrozenSet_Check(o)) {
+    // `x in {"a", "b"}` compiles to a frozenset, whose order (and repr) follows the salted string
+    // hashes: its members' hashes are summed, in any order (rl_cartpole's Adam step had one of two
+    // keys from one process to the next).
+    uint64_t sum = 0;
+    PyObject* it = PyObject_GetIter(o);
+    if (!it) { PyErr_Clear(); return terra::hash_combine(h, 8); }
+    while (PyObject* member = PyIter_Next(it)) {
+      sum += hash_object(member, 9, depth + 1);
+      Py_DECREF(member);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return terra::hash_combine(terra::hash_combine(h, 10 + static_cast<uint64_t>(PySet_GET_SIZE(o))), sum);
+  }
+  PyObject* r = PyObject_Repr(o);  // numbers, None, Ellipsis
   if (!r) { PyErr_Clear(); return terra::hash_combine(h, 6); }
   h = hash_object(r, terra::hash_combine(h, 7), depth + 1);
   Py_DECREF(r);

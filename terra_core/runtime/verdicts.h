@@ -5,16 +5,12 @@
 // of its arguments; on a small convolutional network that was 90-110 ms of the first co-executed
 // iteration (8 eager steps). Verdicts are kept for the process, and in a file per machine and
 // PyTorch build, so a program run again (a notebook restarted and run again, a script launched
-// again) records its blocks without checking what an earlier run checked. The file's name holds a
-// fingerprint of what a verdict depends on besides the signature: PyTorch's build configuration
-// (version, compiler, BLAS and oneDNN versions, the CPU capability its kernels dispatch to), the
-// environment variables that choose MKL's, oneDNN's and ATen's code paths (MKL_CBWR,
-// DNNL_MAX_CPU_ISA...), the CPU model and its feature flags, and the check's own format version.
-//
-// Where: $TERRA_CACHE_DIR, else $XDG_CACHE_HOME/terra, else ~/.cache/terra; TERRA_CACHE_DIR=0
-// turns the file off (verdicts then last for the process only). A file that cannot be read or
-// written is ignored: the kernels are checked as before.
+// again) records its blocks without checking what an earlier run checked (cache_file.h: where
+// the file is, what its name depends on; without one, verdicts last for the process only and
+// kernels are checked as before).
 #pragma once
+
+#include "cache_file.h"
 
 #include <cstdint>
 #include <mutex>
@@ -41,21 +37,14 @@ class Verdicts {
   // emptied and started again: the verdicts are only a cache.
   static constexpr uint64_t kMaxFileBytes = 16ull << 20;
   explicit Verdicts(std::string file, uint64_t max_bytes = kMaxFileBytes);
-  ~Verdicts();
-  Verdicts(const Verdicts&) = delete;
-  Verdicts& operator=(const Verdicts&) = delete;
 
   // The cache file for this machine and PyTorch build under `dir` ("" when `dir` is empty).
   static std::string file_in(const std::string& dir);
-  // $TERRA_CACHE_DIR, $XDG_CACHE_HOME/terra, ~/.cache/terra; "" when turned off.
-  static std::string default_dir();
 
  private:
-  void read(uint64_t max_bytes);
   std::mutex mutex_;
   std::unordered_map<uint64_t, bool> same_;
-  std::string path_;
-  int fd_ = -1;  // the file, opened for appending
+  CacheFile file_;
   uint64_t loaded_ = 0;
 };
 

@@ -37,6 +37,8 @@ const Option kOptions[] = {
      "co-execution is kept while it takes at most 1 + margin times eager's time"},
     {"payoff_check_budget", &Policy::payoff_check_budget, 0, kNoLimit, "TERRA_PAYOFF_CHECK_BUDGET",
      "the share of the time re-timing the slower mode may cost", /*above=*/true},
+    {"remember_payoff", &Policy::remember_payoff, 0, 0, "TERRA_REMEMBER_PAYOFF",
+     "start from the faster mode an earlier run measured for the loop, and keep this run's"},
     {"replay", &Policy::replay, 0, 0, "TERRA_REPLAY", "replay recorded iterations below autograd in the GraphRunner"},
     {"accelerator_blocks", &Policy::accelerator_blocks, 0, 0, "TERRA_ACCELERATOR_BLOCKS",
      "replay blocks of items on accelerator streams too (not yet checked on a device)"},

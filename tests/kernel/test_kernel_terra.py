@@ -266,6 +266,13 @@ def test_magics_report(kc):
                   "print(payoff_line({'phase': 'timing both in alternating blocks', 'by_call': True, 'checks': 0, "
                   "'choice': 'none yet'}))")
     assert "a whole cell (or call) each way in turn" in line, line
+    # And of one holding the choice an earlier run's check made (runtime/payoff_memory.h).
+    line = ok(kc, "from terra_kernel.magics import payoff_line\n"
+                  "print(payoff_line({'phase': 'holding', 'checks': 0, 'remembered': True, 'choice': 'eager', "
+                  "'coexec_ms': 2.0, 'eager_ms': 1.0, 'next_check_in': 40}), "
+                  "payoff_line({'phase': 'holding', 'checks': 0, 'remembered': False, 'choice': 'none yet'}))")
+    assert "runs eagerly: co-executed in an earlier run on this machine it took 2.000 ms" in line, line
+    assert line.strip().endswith("None"), line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
 

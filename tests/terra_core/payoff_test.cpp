@@ -328,5 +328,45 @@ TEST(Payoff, WithoutCleanIterationsItChecksAnywayAndKeepsCoExecuting) {
   EXPECT_FALSE(p.choice_eager());  // nothing was timed both ways
 }
 
+// An earlier run's choice (runtime/payoff_memory.h): held from the first iteration for as long
+// as that run held it, and a re-check that agrees on times too close to tell holds it longer
+// instead of pairing the modes as a first check would.
+TEST(Payoff, AnEarlierRunsChoiceIsHeldThenConfirmedWithoutPairing) {
+  Driver d;
+  Payoff& p = d.p;
+  p.resume(/*eager=*/true, /*coexec_s=*/1.2, /*eager_s=*/1.0, /*hold=*/64);
+  EXPECT_TRUE(p.resumed());
+  EXPECT_EQ(p.checks(), 0u);
+  EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
+  EXPECT_EQ(d.run(64, 1.2, 1.0), 64) << "held eagerly from the first iteration";
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  bool paired = false;
+  for (int i = 0; i < 200 && p.checks() == 0; ++i) {
+    d.run(1, 1.2, 1.0);
+    paired = paired || p.phase() == Payoff::Phase::Pairing;
+  }
+  EXPECT_FALSE(paired);
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_EQ(p.hold(), Payoff::kHoldGrowth * 64) << "a confirming check holds longer";
+
+  // The same times in a run that remembers nothing: its first check is not clear, so it pairs.
+  Driver fresh;
+  for (int i = 0; i < 200 && fresh.p.phase() != Payoff::Phase::Pairing; ++i) fresh.run(1, 1.2, 1.0);
+  EXPECT_EQ(fresh.p.phase(), Payoff::Phase::Pairing);
+}
+
+TEST(Payoff, AnEarlierRunsChoiceThatNoLongerHoldsIsChangedAtTheFirstReCheck) {
+  Driver d;
+  Payoff& p = d.p;
+  p.resume(/*eager=*/true, 1.2, 1.0, /*hold=*/1);  // at least kFirstHold
+  EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);
+  EXPECT_EQ(d.run(static_cast<int>(Payoff::kFirstHold), 0.5, 1.0), Payoff::kFirstHold);
+  until_check(d, 0.5, 1.0);  // co-execution now twice as fast: clear at once
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_FALSE(p.eager());
+}
+
 }  // namespace
 }  // namespace terra::test

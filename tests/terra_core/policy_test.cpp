@@ -13,7 +13,8 @@ TEST(Policy, DescribeListsEverySettingAndReadsBack) {
   EXPECT_EQ(text.rfind("warmup=1 max_divergences=8 max_nodes=200000 enabled=on adaptive=on", 0), 0u) << text;
   EXPECT_NE(text.find("payoff_check_budget=0.03"), std::string::npos) << text;
   EXPECT_NE(text.find("worker_spin=auto worker_nice=10"), std::string::npos) << text;
-  EXPECT_EQ(p.settings().size(), 14u);
+  EXPECT_NE(text.find("payoff_check_budget=0.03 remember_payoff=on"), std::string::npos) << text;
+  EXPECT_EQ(p.settings().size(), 15u);
   Policy q;
   ASSERT_EQ(q.configure("warmup=3 adaptive=off payoff_margin=0.125 worker_spin=sleep worker_nice=4"), "");
   Policy r;

@@ -317,11 +317,18 @@ def payoff_line(payoff):
         turns = "a whole cell (or call) each way in turn" if payoff.get("by_call") else "in alternating blocks"
         return (f"is being timed co-executed and eagerly, {turns} (one phase of each was too close "
                 f"to tell on this host); the faster then runs")
-    if payoff["checks"] == 0 or payoff["choice"] != "eager":
+    if not _decided(payoff) or payoff["choice"] != "eager":
         return None
-    return (f"runs eagerly: co-executed it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "
+    # remembered: the choice held is an earlier run's on this machine (its cache file)
+    when = "in an earlier run on this machine " if payoff["checks"] == 0 else ""
+    return (f"runs eagerly: co-executed {when}it took {payoff['coexec_ms']:.3f} ms per iteration, eagerly "
             f"{payoff['eager_ms']:.3f} ms (checked again in {payoff['next_check_in']} iterations; "
             f"%terra config adaptive=off co-executes it anyway)")
+
+
+def _decided(payoff):
+    """A check of this run or, remembered, of an earlier one chose the mode held."""
+    return payoff["checks"] > 0 or payoff.get("remembered", False)
 
 
 def spin_line(stats):
@@ -329,7 +336,7 @@ def spin_line(stats):
     because with them spinning (as eager execution's do) it measured slower, than eager execution
     or than with them asleep; else None."""
     payoff = stats["payoff"]
-    if not stats.get("workers_asleep") or payoff["checks"] == 0 or payoff["choice"] == "eager":
+    if not stats.get("workers_asleep") or not _decided(payoff) or payoff["choice"] == "eager":
         return None
     return ("co-executes with the GraphRunner's idle OpenMP workers asleep: with them spinning, "
             "co-execution was slower (than eager execution, or than with them asleep; "

@@ -89,6 +89,13 @@ class Payoff {
   // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
   void record_traced(uint64_t loop, double seconds);
 
+  // Starts from a choice an earlier run's check made (runtime/payoff_memory.h), before any
+  // iteration was recorded: holds it for `hold` iterations (as that check did; at least
+  // kFirstHold), then checks as after a check of its own (a confirming check holds longer; a
+  // check that is not clear and would change the choice pairs the modes).
+  void resume(bool eager, double coexec_s, double eager_s, int64_t hold);
+  int64_t hold() const { return hold_; }  // the last check's hold
+  bool resumed() const { return resumed_; }
   // Re-times the mode not chosen after at most `iterations` more (a shorter hold): another way
   // of running that mode is to be tried.
   void recheck_within(int64_t iterations) {
@@ -138,6 +145,7 @@ class Payoff {
   int samples_ = 0, iterations_ = 0;  // in the current measuring phase
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
+  bool resumed_ = false;  // the choice held first came from an earlier run (resume)
   double coexec_s_ = 0, eager_s_ = 0;
   int session_records_ = 0;  // record() calls in this session
   std::optional<bool> session_way_;  // short sessions while pairing: this session's way (eager?)

@@ -39,6 +39,9 @@ struct Policy {
   bool adaptive = true;
   double payoff_margin = 0.0;
   double payoff_check_budget = 0.03;
+  // A graph starts from the choice an earlier run's check made for its loop on this machine
+  // (runtime/payoff_memory.h), and its checks' choices are kept for later runs.
+  bool remember_payoff = true;
   bool replay = true;               // the GraphRunner replays recorded blocks below autograd
   bool accelerator_blocks = false;  // blocks on accelerator streams too (unchecked on a device)
   bool lanes = false;               // a waiting program thread runs replayed kernels (kernel_lanes.h)

@@ -1,0 +1,60 @@
+// Payoff memory: the payoff check's latest choice for a loop, kept across processes.
+//
+// A graph's payoff check (terra/payoff.h) times co-execution against eager execution before it
+// knows which is faster: a few iterations of each, and where the two are close, alternating
+// blocks of both. A process that starts again (a notebook restarted and run again, a script
+// launched again) paid that again for every graph, though nothing it measures had changed:
+// rl_cartpole's 5-step calls, which co-execution makes slower, ran at 0.67 of eager's speed while
+// it explored, and a notebook's first calls are what its user sees. So each check's choice is
+// kept in a cache file (cache_file.h: one per machine and PyTorch build), under a key made of
+// what the choice was measured on: the loop, the ops of its iteration (names, call stacks,
+// occurrences, output shapes), the intra-op thread count and the payoff margin. A graph whose
+// loop has a remembered choice starts holding it as long as the check that made it held it
+// (Payoff::resume), with the GraphRunner's idle workers the way that run had found best, and is
+// then checked as usual: a changed machine or load is found at the first re-check, which stores
+// its own choice. Policy::remember_payoff turns it off.
+#pragma once
+
+#include "cache_file.h"
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace terra::runtime {
+
+class PayoffMemory {
+ public:
+  // A check's outcome, and what the graph had learnt of its GraphRunner's idle workers by then
+  // (Graph::workers_asleep, retimed_coexec, workers_trial).
+  struct Choice {
+    bool eager = false;                // eager execution was the faster
+    double coexec_s = 0, eager_s = 0;  // the per-iteration times the check compared
+    int64_t hold = 0;                  // iterations the choice was held for
+    bool workers_asleep = false, retimed_coexec = false, workers_settled = false;
+  };
+  // The process's memory, read from its cache file on first use.
+  static PayoffMemory& process();
+  // Key 0: none.
+  std::optional<Choice> find(uint64_t key);
+  // Keeps a check's choice, and appends it to the cache file.
+  void store(uint64_t key, const Choice& choice);
+  std::string path();
+  uint64_t loaded();
+
+  // Every check of every graph adds 32 bytes: emptied past this.
+  static constexpr uint64_t kMaxFileBytes = 4ull << 20;
+  explicit PayoffMemory(std::string file, uint64_t max_bytes = kMaxFileBytes);
+  // The cache file for this machine and PyTorch build under `dir` ("" when `dir` is empty).
+  static std::string file_in(const std::string& dir);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, Choice> choices_;
+  CacheFile file_;
+  uint64_t loaded_ = 0;
+};
+
+}  // namespace terra::runtime
