@@ -18,7 +18,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace terra::runtime {
@@ -48,6 +52,58 @@ class CacheFile {
   size_t record_bytes_;
   int fd_ = -1;
   std::vector<char> read_;
+};
+
+// Values by key (0: none), kept for the process and in a CacheFile ("" for none: the process
+// only). `Codec` names the on-disk `Record` (trivially copyable, its first member `uint64_t key`)
+// and the `Value`, and turns one into the other: `encode(key, value)`, `decode(record)` (nullopt:
+// a torn or foreign record, skipped). A later record of a key wins. Thread-safe.
+template <typename Codec>
+class CachedTable {
+ public:
+  using Value = typename Codec::Value;
+  using Record = typename Codec::Record;
+
+  CachedTable(std::string file, uint64_t max_bytes) : file_(std::move(file), sizeof(Record), max_bytes) {
+    const std::vector<char>& bytes = file_.records();
+    for (size_t at = 0; at + sizeof(Record) <= bytes.size(); at += sizeof(Record)) {
+      Record rec;
+      std::memcpy(&rec, bytes.data() + at, sizeof rec);
+      const std::optional<Value> value = rec.key != 0 ? Codec::decode(rec) : std::nullopt;
+      if (!value) continue;
+      values_[rec.key] = *value;
+      ++loaded_;
+    }
+  }
+  std::optional<Value> find(uint64_t key) {
+    if (key == 0) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = values_.find(key);
+    return it == values_.end() ? std::nullopt : std::optional<Value>(it->second);
+  }
+  // Keeps `value` for the process, and appends it to the file.
+  void store(uint64_t key, const Value& value) {
+    if (key == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    values_[key] = value;
+    const Record rec = Codec::encode(key, value);
+    file_.append(&rec);
+  }
+  // The file ("" when off or unusable), and how many records it held when read.
+  std::string path() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return file_.path();
+  }
+  uint64_t loaded() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return loaded_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, Value> values_;
+  CacheFile file_;
+  uint64_t loaded_ = 0;
 };
 
 }  // namespace terra::runtime

@@ -18,43 +18,46 @@
 #include "cache_file.h"
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 namespace terra::runtime {
 
-class PayoffMemory {
- public:
-  // A check's outcome, and what the graph had learnt of its GraphRunner's idle workers by then
-  // (Graph::workers_asleep, retimed_coexec, workers_trial).
-  struct Choice {
-    bool eager = false;                // eager execution was the faster
-    double coexec_s = 0, eager_s = 0;  // the per-iteration times the check compared
-    int64_t hold = 0;                  // iterations the choice was held for
-    bool workers_asleep = false, retimed_coexec = false, workers_settled = false;
+// A check's outcome, and what the graph had learnt of its GraphRunner's idle workers by then
+// (Graph::workers_asleep, retimed_coexec, workers_trial).
+struct PayoffChoice {
+  bool eager = false;                // eager execution was the faster
+  double coexec_s = 0, eager_s = 0;  // the per-iteration times the check compared
+  int64_t hold = 0;                  // iterations the choice was held for
+  bool workers_asleep = false, retimed_coexec = false, workers_settled = false;
+};
+
+// One choice on disk: the key; a tag in the upper half, the hold below it and the flags in the
+// lowest byte; the two times.
+struct PayoffChoiceCodec {
+  using Value = PayoffChoice;
+  struct Record {
+    uint64_t key;
+    uint64_t tagged;
+    double coexec_s, eager_s;
   };
+  static Record encode(uint64_t key, const PayoffChoice& c);
+  static std::optional<PayoffChoice> decode(const Record& rec);
+};
+
+// find, store, path and loaded: CachedTable.
+class PayoffMemory : public CachedTable<PayoffChoiceCodec> {
+ public:
+  using Choice = PayoffChoice;
   // The process's memory, read from its cache file on first use.
   static PayoffMemory& process();
-  // Key 0: none.
-  std::optional<Choice> find(uint64_t key);
-  // Keeps a check's choice, and appends it to the cache file.
-  void store(uint64_t key, const Choice& choice);
-  std::string path();
-  uint64_t loaded();
 
   // Every check of every graph adds 32 bytes: emptied past this.
   static constexpr uint64_t kMaxFileBytes = 4ull << 20;
-  explicit PayoffMemory(std::string file, uint64_t max_bytes = kMaxFileBytes);
+  explicit PayoffMemory(std::string file, uint64_t max_bytes = kMaxFileBytes)
+      : CachedTable(std::move(file), max_bytes) {}
   // The cache file for this machine and PyTorch build under `dir` ("" when `dir` is empty).
   static std::string file_in(const std::string& dir);
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<uint64_t, Choice> choices_;
-  CacheFile file_;
-  uint64_t loaded_ = 0;
 };
 
 }  // namespace terra::runtime

@@ -13,39 +13,38 @@
 #include "cache_file.h"
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 namespace terra::runtime {
 
-class Verdicts {
+// One verdict on disk: the signature, then a tag with the verdict in its lowest bit.
+struct VerdictCodec {
+  using Value = bool;  // the kernel gives the same bits with one intra-op thread
+  struct Record {
+    uint64_t key;
+    uint64_t tagged;
+  };
+  static Record encode(uint64_t key, bool same);
+  static std::optional<bool> decode(const Record& rec);
+};
+
+// Key 0: a kernel without a signature (never known). find, store (appended to the cache file),
+// path ("" when off or unusable) and loaded (verdicts the file held when read): CachedTable.
+class Verdicts : public CachedTable<VerdictCodec> {
  public:
   // The process's verdicts, read from the cache file on first use.
   static Verdicts& process();
-  // Key 0: a kernel without a signature (never known).
-  std::optional<bool> find(uint64_t key);
-  // Records a verdict, and appends it to the cache file.
-  void store(uint64_t key, bool same);
-  // The cache file ("" when off or unusable), and how many verdicts it held when read.
-  std::string path();
-  uint64_t loaded();
 
   // A table on its own file ("" for none), read at once. A file grown past `max_bytes` (every
   // distinct kernel signature adds 16 bytes: programs with ever-new shapes keep adding) is
   // emptied and started again: the verdicts are only a cache.
   static constexpr uint64_t kMaxFileBytes = 16ull << 20;
-  explicit Verdicts(std::string file, uint64_t max_bytes = kMaxFileBytes);
+  explicit Verdicts(std::string file, uint64_t max_bytes = kMaxFileBytes)
+      : CachedTable(std::move(file), max_bytes) {}
 
   // The cache file for this machine and PyTorch build under `dir` ("" when `dir` is empty).
   static std::string file_in(const std::string& dir);
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<uint64_t, bool> same_;
-  CacheFile file_;
-  uint64_t loaded_ = 0;
 };
 
 }  // namespace terra::runtime
