@@ -295,6 +295,41 @@ def test_eager_by_choice_is_reported_and_switchable(kc):
     assert "adaptive = off" in ok(kc, "%terra config")
 
 
+def trained(graphs):
+    """The training cell's graph: the one that ran the most iterations."""
+    return max(graphs.values(), key=lambda g: g["iterations_traced"] + g["iterations_coexecuted"] + g["iterations_eager"])
+
+
+def test_a_restarted_kernel_starts_from_the_payoff_choice_of_the_one_before(tmp_path, monkeypatch):
+    # A notebook restarted and run again (runtime/payoff_memory.h): the cell's loop holds the mode
+    # the first kernel's check chose (forced eager with a margin of -1) from its first stable
+    # iteration, and %terra explain says the times are an earlier run's. The suite remembers
+    # nothing elsewhere (tests/conftest.py).
+    monkeypatch.setenv("TERRA_REMEMBER_PAYOFF", "1")
+    monkeypatch.setenv("TERRA_CACHE_DIR", str(tmp_path))
+    km, kc = start_new_kernel(kernel_name=KERNEL, startup_timeout=60)
+    setup = "import torch, terra\nterra.config(adaptive=True, payoff_margin=-1.0, worker_spin='spin')"
+    try:
+        ok(kc, setup)
+        cell = TRAIN.format(steps=30, extra="")  # the same cell in both: a cell edited is another graph
+        ok(kc, cell)
+        graph = trained(stats(kc))
+        assert graph["payoff"]["checks"] >= 1 and graph["payoff"]["choice"] == "eager", graph["payoff"]
+        assert graph["iterations_coexecuted"] >= 3, graph
+        km.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=60)
+        ok(kc, setup)
+        ok(kc, cell)  # within the hold (at least Payoff::kFirstHold, 32)
+        graph = trained(stats(kc))
+        assert graph["payoff"]["remembered"] and graph["payoff"]["checks"] == 0, graph["payoff"]
+        assert graph["iterations_coexecuted"] == 0 and graph["iterations_eager_chosen"] > 0, graph
+        explain = ok(kc, "%terra explain")
+        assert "co-executed in an earlier run on this machine it took" in explain, explain
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def assert_switchable(kc, key):
     """`%terra config key=off` turns the engine's setting off (as terra.config() reads it), and
     `key=on` back on."""
