@@ -75,6 +75,7 @@ def run_child(script, args, pythonpath=None, env=None):
     """`script --child *args` in a fresh process (PYTHONPATH `pythonpath`, more variables `env`);
     the JSON object its last line prints."""
     environ = dict(os.environ, **(env or {}))
+    environ.setdefault("TERRA_REMEMBER_PAYOFF", "0")  # a first run: the payoff check times afresh
     if pythonpath:
         environ["PYTHONPATH"] = pythonpath
     out = subprocess.run([sys.executable, str(script), "--child", *map(str, args)], env=environ,

@@ -32,6 +32,7 @@ import collections
 import contextlib
 import io
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -41,7 +42,10 @@ from pathlib import Path
 
 import torch
 
-import terra
+# Each program's runs time the payoff check's two modes afresh, as on a first run (the engine
+# reads its settings when it loads; runtime/payoff_memory.h).
+os.environ.setdefault("TERRA_REMEMBER_PAYOFF", "0")
+import terra  # noqa: E402
 from terra import _loops
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -97,7 +97,8 @@ def main():
         got = {m: [] for m in modes}
         for _ in range(args.rounds):
             for mode in modes:
-                env = dict(os.environ)
+                # Each process times both modes afresh, as on a first run (runtime/payoff_memory.h).
+                env = dict(os.environ, TERRA_REMEMBER_PAYOFF="0")
                 if mode == "variant":
                     key, _, value = args.variant.partition("=")
                     env[key] = value
