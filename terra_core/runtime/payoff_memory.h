@@ -7,12 +7,13 @@
 // rl_cartpole's 5-step calls, which co-execution makes slower, ran at 0.67 of eager's speed while
 // it explored, and a notebook's first calls are what its user sees. So each check's choice is
 // kept in a cache file (cache_file.h: one per machine and PyTorch build), under a key made of
-// what the choice was measured on: the loop, the ops of its iteration (names, call stacks,
-// occurrences, output shapes), the intra-op thread count and the payoff margin. A graph whose
-// loop has a remembered choice starts holding it as long as the check that made it held it
-// (Payoff::resume), with the GraphRunner's idle workers the way that run had found best, and is
-// then checked as usual: a changed machine or load is found at the first re-check, which stores
-// its own choice. Policy::remember_payoff turns it off.
+// what the choice was measured on: the ops of the loop's iteration in order (names, output dtypes
+// and sizes; not where the program wrote them, so a notebook cell edited and run again, another
+// graph with the same ops, starts from it too), the intra-op thread count and the payoff margin.
+// A graph whose loop has a remembered choice starts holding it as long as the check that made it
+// held it (Payoff::resume), with the GraphRunner's idle workers the way that run had found best,
+// and is then checked as usual: a changed machine or load is found at the first re-check, which
+// stores its own choice. Policy::remember_payoff turns it off.
 #pragma once
 
 #include "cache_file.h"

@@ -31,24 +31,47 @@ def train(steps):
         losses.append(loss.item())
     return model, losses
 
+def train_edited(steps):  # the same ops, written as a notebook cell edited and run again would be
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(64, 6), torch.randn(64, 1)
+    losses = []
+    step = 0
+    while step < steps:
+        opt.zero_grad()
+        pred = model(x[step % 4::4])
+        loss = torch.nn.functional.mse_loss(pred, y[step % 4::4])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        step += 1
+    return model, losses
+
 terra.config(adaptive=True, payoff_margin=float(sys.argv[1]), worker_spin="spin")
 steps = int(sys.argv[2])
+if len(sys.argv) > 3:  # the original first, then the edited one in the same process
+    terra.run(train, steps)
+    terra.sync()
+    terra.reset()
+    train = train_edited
 model, losses = terra.run(train, steps)
 terra.sync()
 s = terra.stats()
 eager_model, eager_losses = train(steps)
 same = losses == eager_losses and all(torch.equal(p, q) for p, q in zip(model.parameters(), eager_model.parameters()))
-print(json.dumps({"payoff": terra._c().stats("train")["payoff"], "coexecuted": s["iterations_coexecuted"],
+print(json.dumps({"payoff": terra._c().stats(train.__name__)["payoff"], "coexecuted": s["iterations_coexecuted"],
                   "eager_chosen": s["iterations_eager_chosen"], "same": same,
                   "cache": terra._c().runner_counts()["payoff_cache"]}))
 """
 
 
-def run(cache, margin, steps=40, remember=True):
+def run(cache, margin, steps=40, remember=True, edited=False):
     env = dict(os.environ, TERRA_CACHE_DIR=str(cache), TERRA_REMEMBER_PAYOFF="1" if remember else "0")
     child = cache / "child.py"  # terra.run marks the loops of functions it can read the source of
     child.write_text(CHILD)
-    out = subprocess.run([sys.executable, str(child), str(margin), str(steps)], capture_output=True,
+    out = subprocess.run([sys.executable, str(child), str(margin), str(steps)] + (["edited"] if edited else []),
+                         capture_output=True,
                          text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,3 +106,12 @@ def test_nothing_is_remembered_when_turned_off_or_for_another_margin(tmp_path):
     # The margin is part of what the choice was made by: another one is another measurement.
     other = run(tmp_path, -0.99)
     assert not other["payoff"]["remembered"] and other["coexecuted"] >= 3, other
+
+
+def test_the_same_ops_written_otherwise_start_from_the_choice_made_for_them(tmp_path):
+    # A notebook cell edited and run again is another graph (another loop, other call stacks)
+    # doing the same computation: it starts from the choice made for the cell before the edit.
+    edited = run(tmp_path, -1.0, steps=20, edited=True)
+    assert edited["same"]
+    assert edited["payoff"]["remembered"] and edited["payoff"]["checks"] == 0, edited["payoff"]
+    assert edited["coexecuted"] == 0 and edited["eager_chosen"] > 0, edited
