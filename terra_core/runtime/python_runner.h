@@ -200,10 +200,10 @@ class PythonRunner {
   void begin_iteration(uint64_t boundary);
   // The mode a stable iteration runs in: co-executed, or eagerly where that measured faster.
   Mode stable_mode();
-  // The first time a graph's loop is stable: its payoff check starts from an earlier run's choice
-  // for the loop where one is kept (payoff_memory.h), and the graph's checks are kept under the
-  // same key (remember_payoff).
-  void recall_payoff();
+  // At the end of a graph's first traced loop iteration (`path`, from its marker): its payoff
+  // check starts from an earlier run's choice for those ops where one is kept (payoff_memory.h),
+  // and the graph's checks are kept under the same key (remember_payoff).
+  void recall_payoff(const std::vector<uint32_t>& path);
   void remember_payoff();
   uint64_t payoff_key(const std::vector<uint32_t>& path) const;
   // A co-executed iteration's time as the payoff check sees it: up to the GraphRunner's finishing

@@ -205,6 +205,10 @@ void PythonRunner::end_iteration() {
   // The GraphRunner has every item of this iteration: it may record it as a block, or it has
   // replayed one (block_replay.h).
   if (mode_ == Mode::CoExec && runner_ && policy_.replay) runner_->issue_control(OpKind::EndIteration);
+  // A loop's first traced iteration (not the stretch before a loop, nor after one: odd boundaries)
+  // says which ops the graph's payoff check will time.
+  if (policy_.adaptive && !graph_->payoff_recalled && mode_ == Mode::Tracing && (boundary_ & 1) == 0)
+    recall_payoff(path_);
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
   if (live_.size() > live_prune_at_) {
@@ -264,6 +268,15 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   Mode want = decision.action == terra::Decision::Action::StayEager ? Mode::Eager
               : decision.action == terra::Decision::Action::CoExecute ? stable_mode()
                                                                        : Mode::Tracing;
+  // An earlier run's eager choice holds from the loop's second iteration: tracing the rest of its
+  // warm-up would cost what the choice saves (rl_cartpole traced 11 iterations of ragged episodes
+  // before its first stable one, at twice eager's time each). The graph is traced once the hold
+  // ends and co-execution is timed again.
+  if (want == Mode::Tracing && policy_.adaptive && graph_->payoff.resumed() && graph_->payoff.checks() == 0 &&
+      graph_->payoff.eager()) {
+    chosen_eager_ = true;
+    want = Mode::Eager;
+  }
   // A switch the payoff check asked for moves the OpenMP team at once, rate limit or not: eager
   // iterations timed while the GraphRunner still held a team would be timed with two teams.
   // Entering an eager hold from a traced iteration (co-execution was left earlier, the team then
@@ -397,21 +410,16 @@ void PythonRunner::pair_workers(bool clean, double seconds) {
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {
-  if (!policy_.adaptive) return Mode::CoExec;
-  if (!graph_->payoff_recalled) recall_payoff();
-  if (!graph_->payoff.eager()) return Mode::CoExec;
+  if (!policy_.adaptive || !graph_->payoff.eager()) return Mode::CoExec;
   chosen_eager_ = true;
   return Mode::Eager;
 }
 
-void PythonRunner::recall_payoff() {
+void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
   Graph& g = *graph_;
-  // Keyed by what the choice is measured on: the loop's latest traced iteration (another loop's
-  // ran last: the next stable iteration looks).
-  if (g.last_path.empty() || g.last_path.front() != root_node_) return;
   g.payoff_recalled = true;
   if (!policy_.remember_payoff) return;
-  g.payoff_key = payoff_key(g.last_path);
+  g.payoff_key = payoff_key(path);
   const auto choice = PayoffMemory::process().find(g.payoff_key);
   if (!choice) return;
   g.payoff.resume(choice->eager, choice->coexec_s, choice->eager_s, choice->hold);

@@ -61,6 +61,7 @@ s = terra.stats()
 eager_model, eager_losses = train(steps)
 same = losses == eager_losses and all(torch.equal(p, q) for p, q in zip(model.parameters(), eager_model.parameters()))
 print(json.dumps({"payoff": terra._c().stats(train.__name__)["payoff"], "coexecuted": s["iterations_coexecuted"],
+                  "traced": s["iterations_traced"],
                   "eager_chosen": s["iterations_eager_chosen"], "same": same,
                   "cache": terra._c().runner_counts()["payoff_cache"]}))
 """
@@ -95,6 +96,9 @@ def test_a_later_process_starts_from_the_choice_an_earlier_one_made(tmp_path, ma
     # Held from its first stable iteration: the mode not chosen never ran.
     if eager:
         assert later["coexecuted"] == 0 and later["eager_chosen"] > 0, later
+        # From the loop's second iteration: its first was traced (the key is its ops), the rest of
+        # its warm-up is not.
+        assert later["traced"] < first["traced"], (later["traced"], first["traced"])
     else:
         assert later["eager_chosen"] == 0 and later["coexecuted"] > 0, later
 
