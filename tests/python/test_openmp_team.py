@@ -310,7 +310,8 @@ SMALL_CALLS = textwrap.dedent("""
 def test_a_graphrunner_whose_kernels_run_no_parallel_region_makes_no_workers(tmp_path):
     script = tmp_path / "small_calls.py"
     script.write_text(SMALL_CALLS)
-    env = dict(os.environ, TERRA_ADAPTIVE="0")  # co-executed throughout, whatever is faster
+    # Co-executed throughout, whatever is faster; with verdicts of its own (no other test's).
+    env = dict(os.environ, TERRA_ADAPTIVE="0", TERRA_CACHE_DIR=str(tmp_path))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
                          env=env)
     import json
