@@ -12,7 +12,7 @@ constexpr uint64_t kFormat = 1;
 // A torn or foreign record does not carry the tag and is skipped.
 constexpr uint64_t kTag = 0x7e77a9a4ull << 32;
 constexpr uint64_t kTagMask = 0xffffffffull << 32;
-enum Flag : uint64_t { kEager = 1, kAsleep = 2, kRetimed = 4, kSettled = 8 };
+constexpr uint64_t kEager = 1, kAsleep = 2, kRetimed = 4, kSettled = 8;  // flags
 
 }  // namespace
 

@@ -11,7 +11,7 @@
 // and sizes; not where the program wrote them, so a notebook cell edited and run again, another
 // graph with the same ops, starts from it too), the intra-op thread count and the payoff margin.
 // A graph whose loop has a remembered choice starts holding it as long as the check that made it
-// held it (Payoff::resume), with the GraphRunner's idle workers the way that run had found best,
+// held it (Payoff::resume; at most Payoff::kResumedHold), with the GraphRunner's idle workers the way that run had found best,
 // and is then checked as usual: a changed machine or load is found at the first re-check, which
 // stores its own choice. Policy::remember_payoff turns it off.
 #pragma once

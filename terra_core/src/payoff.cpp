@@ -167,7 +167,7 @@ void Payoff::resume(bool eager, double coexec_s, double eager_s, int64_t hold) {
   measured_eager_ = eager;  // a held eager choice times eager execution as it runs
   coexec_s_ = coexec_s;
   eager_s_ = eager_s;
-  hold_ = hold_left_ = std::clamp(hold, kFirstHold, kMaxHold);
+  hold_ = hold_left_ = std::clamp(hold, kFirstHold, kResumedHold);
   choice_eager_ = eager;
   start(Phase::Hold);
 }

@@ -359,6 +359,9 @@ TEST(Payoff, AnEarlierRunsChoiceIsHeldThenConfirmedWithoutPairing) {
 TEST(Payoff, AnEarlierRunsChoiceThatNoLongerHoldsIsChangedAtTheFirstReCheck) {
   Driver d;
   Payoff& p = d.p;
+  Payoff longer;
+  longer.resume(/*eager=*/true, 1.2, 1.0, /*hold=*/Payoff::kMaxHold);
+  EXPECT_EQ(longer.hold_left(), Payoff::kResumedHold) << "checked again sooner than that run would have";
   p.resume(/*eager=*/true, 1.2, 1.0, /*hold=*/1);  // at least kFirstHold
   EXPECT_EQ(p.hold_left(), Payoff::kFirstHold);
   EXPECT_EQ(d.run(static_cast<int>(Payoff::kFirstHold), 0.5, 1.0), Payoff::kFirstHold);

@@ -91,9 +91,12 @@ class Payoff {
 
   // Starts from a choice an earlier run's check made (runtime/payoff_memory.h), before any
   // iteration was recorded: holds it for `hold` iterations (as that check did; at least
-  // kFirstHold), then checks as after a check of its own (a confirming check holds longer; a
-  // check that is not clear and would change the choice pairs the modes).
+  // kFirstHold, at most kResumedHold), then checks as after a check of its own (a confirming
+  // check holds longer; a check that is not clear and would change the choice pairs the modes).
   void resume(bool eager, double coexec_s, double eager_s, int64_t hold);
+  // An earlier run may have measured on a busier machine: its choice is checked again within this
+  // many iterations, however long that run had come to hold it (up to kMaxHold).
+  static constexpr int64_t kResumedHold = 512;
   int64_t hold() const { return hold_; }  // the last check's hold
   bool resumed() const { return resumed_; }
   // Re-times the mode not chosen after at most `iterations` more (a shorter hold): another way
