@@ -202,9 +202,9 @@ class PythonRunner {
   Mode stable_mode();
   // At the end of a graph's first traced loop iteration (`path`, from its marker): its payoff
   // check starts from an earlier run's choice for those ops where one is kept (payoff_memory.h),
-  // and the graph's checks are kept under the same key (remember_payoff).
+  // and the graph's checks are kept under the same key (store_payoff_choice, after each).
   void recall_payoff(const std::vector<uint32_t>& path);
-  void remember_payoff();
+  void store_payoff_choice();
   uint64_t payoff_key(const std::vector<uint32_t>& path) const;
   // A co-executed iteration's time as the payoff check sees it: up to the GraphRunner's finishing
   // the previous iteration (waits for that); `span_seconds` where no co-executed one preceded.

@@ -196,7 +196,7 @@ void PythonRunner::end_iteration() {
     const auto trial = graph_->workers_trial;
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
     if (choosing_spin()) pair_workers(clean, seconds);
-    if (graph_->payoff.checks() != checks || graph_->workers_trial != trial) remember_payoff();
+    if (graph_->payoff.checks() != checks || graph_->workers_trial != trial) store_payoff_choice();
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -428,7 +428,7 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
   if (choice->workers_settled) g.workers_trial = Graph::WorkersTrial::Done;
 }
 
-void PythonRunner::remember_payoff() {
+void PythonRunner::store_payoff_choice() {
   const Graph& g = *graph_;
   if (g.payoff_key == 0 || !policy_.remember_payoff || (g.payoff.checks() == 0 && !g.payoff.resumed())) return;
   PayoffMemory::Choice c;
