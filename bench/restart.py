@@ -20,11 +20,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ab import run_child  # bench/ab.py: a fresh process, the JSON its last line prints
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("tabular_mlp", "rnn_lengths", "rl_cartpole", "bert", "stochastic_depth", "resnet", "dropblock",
@@ -56,15 +57,9 @@ def child(mode, name, steps, threads):
     print(json.dumps(out))
 
 
-def run_child(mode, name, steps, threads, cache):
-    env = dict(os.environ, TERRA_REMEMBER_PAYOFF="0" if mode != "remembered" else "1")
-    if mode == "remembered":
-        env["TERRA_CACHE_DIR"] = cache
-    out = subprocess.run([sys.executable, __file__, "--child", mode, name, str(steps), str(threads)],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"{mode} {name}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_mode(mode, name, steps, threads, cache):
+    env = {"TERRA_REMEMBER_PAYOFF": "1", "TERRA_CACHE_DIR": cache} if mode == "remembered" else {}
+    return run_child(__file__, (mode, name, steps, threads), env=env)  # the others: remembers none
 
 
 def main():
@@ -84,12 +79,12 @@ def main():
     root = tempfile.mkdtemp(prefix="terra-restart-")
     caches = {name: os.path.join(root, name) for name in programs}
     for name in programs:
-        run_child("remembered", name, args.steps, args.threads, caches[name])  # fills its directory
+        run_mode("remembered", name, args.steps, args.threads, caches[name])  # fills its directory
     runs = {}
     for r in range(args.rounds):
         for name in programs:
             for mode in MODES:
-                res = run_child(mode, name, args.steps, args.threads, caches[name])
+                res = run_mode(mode, name, args.steps, args.threads, caches[name])
                 runs.setdefault(f"{name}/{mode}", []).append(res)
                 print(f"round {r + 1} {name} {mode}: {res['ms']:.1f} ms "
                       f"{ {k: v for k, v in res.items() if k != 'ms'} }", flush=True)

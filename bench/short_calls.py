@@ -22,11 +22,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ab import run_child  # bench/ab.py: a fresh process, the JSON its last line prints
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("tabular_mlp", "rl_cartpole", "gpt", "music_transformer", "dcgan", "bert")
@@ -52,19 +53,15 @@ def child(mode, name, steps, threads):
     print(json.dumps({"first_ms": times[0] * 1e3, "call_ms": statistics.median(times[WARM:]) * 1e3}))
 
 
-def run_child(mode, name, steps, threads, variant, caches=None):
-    env = dict(os.environ, TERRA_REMEMBER_PAYOFF="0")
+def run_mode(mode, name, steps, threads, variant, caches=None):
+    env = {}  # run_child: the payoff check remembers nothing unless asked (a first run)
     if mode == "variant":
         key, _, value = variant.partition("=")
         env[key] = value
     if mode == "remembered":
         env.update(TERRA_REMEMBER_PAYOFF="1", TERRA_CACHE_DIR=caches[(name, steps)])
     child_mode = "terra" if mode == "remembered" else mode
-    out = subprocess.run([sys.executable, __file__, "--child", child_mode, name, str(steps), str(threads)],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"{mode} {name} {steps}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, (child_mode, name, steps, threads), env=env)
 
 
 def main():
@@ -92,13 +89,13 @@ def main():
         for name in programs:
             for steps in steps_list:
                 caches[(name, steps)] = os.path.join(root, f"{name}-{steps}")
-                run_child("remembered", name, steps, args.threads, args.variant, caches)  # fills it
+                run_mode("remembered", name, steps, args.threads, args.variant, caches)  # fills it
     runs = {}
     for r in range(args.rounds):
         for name in programs:
             for steps in steps_list:
                 for mode in modes:
-                    res = run_child(mode, name, steps, args.threads, args.variant, caches)
+                    res = run_mode(mode, name, steps, args.threads, args.variant, caches)
                     runs.setdefault(f"{name}/{steps}/{mode}", []).append(res)
                     print(f"round {r + 1} {name} {steps} steps {mode}: {res['call_ms']:.2f} ms/call "
                           f"(first {res['first_ms']:.1f})", flush=True)
