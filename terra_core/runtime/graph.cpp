@@ -76,7 +76,7 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
           {"loops", loops},
           {"by_call", p.paired_by_call()},
           {"checks", p.checks()},
-          {"choice", p.checks() == 0 && !p.resumed() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          {"choice", !p.has_choice() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
           // The first choice held was an earlier run's (runtime/payoff_memory.h).
           {"remembered", p.resumed()},
           {"coexec_ms", p.coexec_seconds() * 1e3},

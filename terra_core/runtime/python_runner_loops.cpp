@@ -430,7 +430,7 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
 
 void PythonRunner::store_payoff_choice() {
   const Graph& g = *graph_;
-  if (g.payoff_key == 0 || !policy_.remember_payoff || (g.payoff.checks() == 0 && !g.payoff.resumed())) return;
+  if (g.payoff_key == 0 || !policy_.remember_payoff || !g.payoff.has_choice()) return;
   PayoffMemory::Choice c;
   c.eager = g.payoff.choice_eager();
   c.coexec_s = g.payoff.coexec_seconds();

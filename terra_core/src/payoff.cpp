@@ -89,7 +89,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   const double limit = t.eager * (1.0 + margin);
   const bool eager_faster = t.weight > 0 && t.coexec > limit;
   // Not clear (clear_winner did not decide): a first choice, or a change of it, is paired.
-  if (t.weight > 0 && ((checks_ == 0 && !resumed_) || eager_faster != choice_eager_)) {
+  if (t.weight > 0 && (!has_choice() || eager_faster != choice_eager_)) {
     start_pairing(margin);
     return;
   }
@@ -152,7 +152,7 @@ int64_t Payoff::hold_for(int64_t base, double fast, double slow, double budget) 
 void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   coexec_s_ = t.weight ? t.coexec / static_cast<double>(t.weight) : 0;
   eager_s_ = t.weight ? t.eager / static_cast<double>(t.weight) : 0;
-  const bool confirms = (checks_ > 0 || resumed_) && eager == choice_eager_;
+  const bool confirms = has_choice() && eager == choice_eager_;
   const int64_t base = confirms ? std::min(kHoldGrowth * hold_, kMaxHold) : kFirstHold;
   hold_ = eager ? hold_for(base, eager_s_, coexec_s_, check_budget)
                : hold_for(base, coexec_s_, eager_s_, check_budget);

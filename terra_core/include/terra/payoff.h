@@ -99,6 +99,8 @@ class Payoff {
   static constexpr int64_t kResumedHold = 512;
   int64_t hold() const { return hold_; }  // the last check's hold
   bool resumed() const { return resumed_; }
+  // A choice is held or was: a check of this run's made it, or an earlier run's (resume).
+  bool has_choice() const { return checks_ > 0 || resumed_; }
   // Re-times the mode not chosen after at most `iterations` more (a shorter hold): another way
   // of running that mode is to be tried.
   void recheck_within(int64_t iterations) {
