@@ -79,6 +79,11 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
           {"choice", !p.has_choice() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
           // The first choice held was an earlier run's (runtime/payoff_memory.h).
           {"remembered", p.resumed()},
+          // The pairing's pairs so far (t(eager) / t(co-executed) each), the first how many an
+          // earlier run's (Payoff::resume_pairing).
+          {"pairs", p.phase() == terra::Payoff::Phase::Pairing ? p.pairs() : std::vector<double>{}},
+          {"pairs_remembered", p.phase() == terra::Payoff::Phase::Pairing ? p.pairs_resumed() : 0},
+          {"pairing_remembered", p.pairing_resumed()},
           {"coexec_ms", p.coexec_seconds() * 1e3},
           {"eager_ms", p.eager_seconds() * 1e3},
           {"next_check_in", p.phase() == terra::Payoff::Phase::Hold ? p.hold_left() : 0}};

@@ -21,26 +21,34 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace terra::runtime {
 
 // A check's outcome, and what the graph had learnt of its GraphRunner's idle workers by then
-// (Graph::workers_asleep, retimed_coexec, workers_trial).
+// (Graph::workers_asleep, retimed_coexec, workers_trial); or a check still timing the two modes
+// in alternating blocks (Payoff::Phase::Pairing), with the pairs it had completed (kept after each).
 struct PayoffChoice {
+  bool chosen = true;                // a check made a choice (the one below)
   bool eager = false;                // eager execution was the faster
   double coexec_s = 0, eager_s = 0;  // the per-iteration times the check compared
   int64_t hold = 0;                  // iterations the choice was held for
   bool workers_asleep = false, retimed_coexec = false, workers_settled = false;
+  bool pairing = false;              // a check was pairing the modes (Payoff::resume_pairing)
+  std::vector<double> pairs;         // its pairs' t(eager) / t(co-executed), the first kPairsKept
+  static constexpr uint32_t kPairsKept = 3;  // PairedTrial::kPairs - 1: a fourth pair decides
 };
 
 // One choice on disk: the key; a tag in the upper half, the hold below it and the flags in the
-// lowest byte; the two times.
+// lowest byte; the two times; the pairing's pairs (n_pairs of them).
 struct PayoffChoiceCodec {
   using Value = PayoffChoice;
   struct Record {
     uint64_t key;
     uint64_t tagged;
     double coexec_s, eager_s;
+    float pairs[PayoffChoice::kPairsKept];
+    uint32_t n_pairs;
   };
   static Record encode(uint64_t key, const PayoffChoice& c);
   static std::optional<PayoffChoice> decode(const Record& rec);
@@ -53,7 +61,7 @@ class PayoffMemory : public CachedTable<PayoffChoiceCodec> {
   // The process's memory, read from its cache file on first use.
   static PayoffMemory& process();
 
-  // Every check of every graph adds 32 bytes: emptied past this.
+  // Every check of every graph, and every pair of a pairing, adds 48 bytes: emptied past this.
   static constexpr uint64_t kMaxFileBytes = 4ull << 20;
   explicit PayoffMemory(std::string file, uint64_t max_bytes = kMaxFileBytes)
       : CachedTable(std::move(file), max_bytes) {}

@@ -200,6 +200,12 @@ class PythonRunner {
   void begin_iteration(uint64_t boundary);
   // The mode a stable iteration runs in: co-executed, or eagerly where that measured faster.
   Mode stable_mode();
+  // Before this run's first check, an earlier run's choice or pairing (payoff_memory.h) has the
+  // graph's next iteration run eagerly.
+  bool remembered_eager() const {
+    const terra::Payoff& p = graph_->payoff;
+    return p.remembered() && p.checks() == 0 && p.eager();
+  }
   // At the end of a graph's first traced loop iteration (`path`, from its marker): its payoff
   // check starts from an earlier run's choice for those ops where one is kept (payoff_memory.h),
   // and the graph's checks are kept under the same key (store_payoff_choice, after each).

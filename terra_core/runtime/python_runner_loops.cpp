@@ -186,6 +186,8 @@ void PythonRunner::end_iteration() {
     // one also measured the GraphRunner in its steady state (coexec_seconds).
     const bool clean = mode_ == iteration_mode_ && previous_mode_ == iteration_mode_ && steady;
     const uint32_t checks = graph_->payoff.checks();
+    const bool was_pairing = graph_->payoff.phase() == terra::Payoff::Phase::Pairing;
+    const size_t pairs = graph_->payoff.pairs().size();
     // While the workers' two ways alternate, co-execution is timed for the payoff check the way it
     // won (A) only: a check right after a block of a slower way B (dcgan asleep: 1.3x) would time
     // co-execution at B's times, and hold eager execution for it.
@@ -196,7 +198,12 @@ void PythonRunner::end_iteration() {
     const auto trial = graph_->workers_trial;
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
     if (choosing_spin()) pair_workers(clean, seconds);
-    if (graph_->payoff.checks() != checks || graph_->workers_trial != trial) store_payoff_choice();
+    // Kept after each check, each change of the workers' way and each pair a pairing completes
+    // (or its start): a process may end before the pairing decides.
+    const bool pairing = graph_->payoff.phase() == terra::Payoff::Phase::Pairing;
+    if (graph_->payoff.checks() != checks || graph_->workers_trial != trial ||
+        (pairing && (!was_pairing || graph_->payoff.pairs().size() != pairs)))
+      store_payoff_choice();
   } else if (policy_.adaptive && mode_ == Mode::Tracing && iteration_mode_ == Mode::Tracing &&
              previous_mode_ == Mode::Tracing && !diverged_ && !added_) {
     graph_->payoff.record_traced(boundary_, seconds);  // an upper bound on eager's time
@@ -271,9 +278,9 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   // An earlier run's eager choice holds from the loop's second iteration: tracing the rest of its
   // warm-up would cost what the choice saves (rl_cartpole traced 11 iterations of ragged episodes
   // before its first stable one, at twice eager's time each). The graph is traced once the hold
-  // ends and co-execution is timed again.
-  if (want == Mode::Tracing && policy_.adaptive && graph_->payoff.resumed() && graph_->payoff.checks() == 0 &&
-      graph_->payoff.eager()) {
+  // ends and co-execution is timed again. So does the eager block of a pairing taken up from an
+  // earlier run: its iterations are timed as they run.
+  if (want == Mode::Tracing && policy_.adaptive && remembered_eager()) {
     chosen_eager_ = true;
     want = Mode::Eager;
   }
@@ -422,7 +429,9 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
   g.payoff_key = payoff_key(path);
   const auto choice = PayoffMemory::process().find(g.payoff_key);
   if (!choice) return;
-  g.payoff.resume(choice->eager, choice->coexec_s, choice->eager_s, choice->hold);
+  if (choice->chosen) g.payoff.resume(choice->eager, choice->coexec_s, choice->eager_s, choice->hold);
+  // A pairing that run's process ended in goes on here, over this loop's iterations.
+  if (choice->pairing) g.payoff.resume_pairing(boundary_, choice->pairs, policy_.payoff_margin);
   g.workers_asleep = choice->workers_asleep;
   g.retimed_coexec = choice->retimed_coexec;
   if (choice->workers_settled) g.workers_trial = Graph::WorkersTrial::Done;
@@ -430,8 +439,12 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
 
 void PythonRunner::store_payoff_choice() {
   const Graph& g = *graph_;
-  if (g.payoff_key == 0 || !policy_.remember_payoff || !g.payoff.has_choice()) return;
+  const bool pairing = g.payoff.phase() == terra::Payoff::Phase::Pairing;
+  if (g.payoff_key == 0 || !policy_.remember_payoff || !(g.payoff.has_choice() || pairing)) return;
   PayoffMemory::Choice c;
+  c.chosen = g.payoff.has_choice();
+  c.pairing = pairing;
+  if (pairing) c.pairs = g.payoff.pairs();
   c.eager = g.payoff.choice_eager();
   c.coexec_s = g.payoff.coexec_seconds();
   c.eager_s = g.payoff.eager_seconds();

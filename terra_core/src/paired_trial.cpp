@@ -4,6 +4,15 @@
 
 namespace terra {
 
+void PairedTrial::resume(const std::vector<double>& ratios) {
+  ratios_.clear();
+  for (double r : ratios) {
+    if (static_cast<int>(ratios_.size()) == kPairs - 1) break;
+    if (r > 0 && r < 1e6) ratios_.push_back(r);  // a ratio of two iteration times
+  }
+  block_ = 2 * static_cast<int>(ratios_.size());
+}
+
 PairedTrial::Verdict PairedTrial::record(bool clean, double seconds) {
   if (verdict_ != Verdict::Running) return verdict_;
   if (++iterations_ > kMaxIterations) {

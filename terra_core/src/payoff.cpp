@@ -104,8 +104,23 @@ void Payoff::start_pairing(double margin) {
       pair_loop_ = id;
     }
   }
+  pairing_ = paired_modes(margin);
+  pairs_resumed_ = 0;
+  start(Phase::Pairing);
+}
+
+PairedTrial Payoff::paired_modes(double margin) {
   // Co-execution kept within the margin (a margin of -1 or less: never kept).
-  pairing_ = PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
+  return PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
+}
+
+void Payoff::resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin) {
+  pair_loop_ = loop;
+  pairing_ = paired_modes(margin);
+  pairing_.resume(ratios);
+  pairing_resumed_ = true;
+  pairs_resumed_ = static_cast<int>(pairing_.ratios().size());
+  measured_eager_ = true;  // its B blocks time eager execution
   start(Phase::Pairing);
 }
 

@@ -266,6 +266,11 @@ def test_magics_report(kc):
                   "print(payoff_line({'phase': 'timing both in alternating blocks', 'by_call': True, 'checks': 0, "
                   "'choice': 'none yet'}))")
     assert "a whole cell (or call) each way in turn" in line, line
+    # ... going on from the pairs an earlier run had timed (runtime/payoff_memory.h).
+    line = ok(kc, "from terra_kernel.magics import payoff_line\n"
+                  "print(payoff_line({'phase': 'timing both in alternating blocks', 'checks': 0, "
+                  "'choice': 'none yet', 'pairs_remembered': 2}))")
+    assert "going on from 2 pair(s) of blocks an earlier run on this machine timed" in line, line
     # And of one holding the choice an earlier run's check made (runtime/payoff_memory.h).
     line = ok(kc, "from terra_kernel.magics import payoff_line\n"
                   "print(payoff_line({'phase': 'holding', 'checks': 0, 'remembered': True, 'choice': 'eager', "

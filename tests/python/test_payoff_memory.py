@@ -7,6 +7,7 @@ on this machine's timing; the results stay bitwise eager's whichever mode runs.
 """
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -119,3 +120,65 @@ def test_the_same_ops_written_otherwise_start_from_the_choice_made_for_them(tmp_
     assert edited["same"]
     assert edited["payoff"]["remembered"] and edited["payoff"]["checks"] == 0, edited["payoff"]
     assert edited["coexecuted"] == 0 and edited["eager_chosen"] > 0, edited
+
+
+# runtime/payoff_memory.h's record (format 2): key, tag | hold << 8 | flags, the two times, three
+# pairs, how many of them.
+RECORD = struct.Struct("<QQdd3fI")
+TAG, CHOSEN, PAIRING = 0x7E77A9A4 << 32, 16, 32
+
+
+def records(cache):
+    """The payoff memory's records in the cache directory, oldest first: (key, flags, pairs)."""
+    (path,) = cache.glob("payoff_choices-*.bin")
+    data = path.read_bytes()
+    out = []
+    for at in range(0, len(data) - RECORD.size + 1, RECORD.size):
+        key, tagged, _, _, *pairs, n = RECORD.unpack_from(data, at)
+        out.append((key, tagged & 0xFF, pairs[:n]))
+    return path, out
+
+
+def leave_pairing(cache, pairs):
+    """The cache file as a process leaves it that ended while its check paired the modes of the
+    loop the file's last record is for, with `pairs` (t(eager) / t(co-executed)) done."""
+    path, recs = records(cache)
+    key = recs[-1][0]
+    with open(path, "ab") as f:
+        f.write(RECORD.pack(key, TAG | PAIRING, 0.0, 0.0, *(pairs + [0.0] * (3 - len(pairs))), len(pairs)))
+    return key
+
+
+def test_a_pairing_an_earlier_process_left_goes_on_from_its_pairs(tmp_path):
+    # With the margin at 100 co-execution wins any check of this program's by itself; an earlier
+    # process left a pairing with three pairs in which eager execution took a thousandth of
+    # co-execution's time: the fourth pair, whatever its ratio, decides for eager execution by the
+    # median, and no mode is timed alone first. Remembering nothing, the check co-executes.
+    first = run(tmp_path, 100.0)
+    assert first["payoff"]["choice"] == "co-execute", first["payoff"]
+    leave_pairing(tmp_path, [0.001] * 3)
+    later = run(tmp_path, 100.0, steps=40)
+    assert later["same"]
+    payoff = later["payoff"]
+    assert payoff["pairing_remembered"] and not payoff["remembered"], payoff
+    assert payoff["checks"] == 1 and payoff["choice"] == "eager", payoff
+
+
+def test_a_pairing_is_kept_after_each_pair_and_taken_up_where_it_stopped(tmp_path):
+    # Two pairs left (eager execution a thousandth of co-execution's time); this process completes
+    # the third, which is kept with them, and the fourth decides: the median of the four is the
+    # mean of the earlier runs' 0.001 and the smaller of this run's, so co-execution, kept within
+    # the margin of 100, wins.
+    run(tmp_path, 100.0)
+    key = leave_pairing(tmp_path, [0.001] * 2)
+    later = run(tmp_path, 100.0, steps=40)
+    assert later["same"]
+    payoff = later["payoff"]
+    assert payoff["pairing_remembered"] and payoff["checks"] == 1, payoff
+    assert payoff["choice"] == "co-execute", payoff
+    _, recs = records(tmp_path)
+    kept = [pairs for k, flags, pairs in recs if k == key and flags & PAIRING and not flags & CHOSEN]
+    assert len(kept[-1]) == 3, recs  # the third pair, after the two left
+    assert kept[-1][:2] == pytest.approx([0.001, 0.001]) and kept[-1][2] > 0.01, kept
+    # The choice after it, kept after the pairing's records.
+    assert recs[-1][0] == key and recs[-1][1] & CHOSEN and not recs[-1][1] & PAIRING, recs[-1]

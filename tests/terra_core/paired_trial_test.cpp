@@ -153,5 +153,40 @@ TEST(PairedTrial, BlocksFillAcrossShortRunsThatEachStartUnclean) {
   EXPECT_TRUE(ways.back());
 }
 
+TEST(PairedTrial, AResumedTrialGoesOnAfterTheEarlierPairsAndDecidesWithThem) {
+  // Three earlier pairs with B clearly faster; the next pair, here B 5% slower, is the fourth, and
+  // the median of the four takes B. A trial without them is still running after that pair (its
+  // first pair, not beyond kClear), and later keeps A.
+  const auto slower_b = [](bool b, int) { return b ? 1.05 : 1.0; };
+  PairedTrial resumed;
+  resumed.resume({0.5, 0.6, 0.55});
+  EXPECT_EQ(resumed.ratios().size(), 3u);
+  EXPECT_TRUE(resumed.b()) << "the blocks after three pairs: B A (the seventh and eighth of A B B A A B B A)";
+  const auto ways = run(resumed, slower_b);
+  EXPECT_EQ(resumed.verdict(), Verdict::TakeB);
+  EXPECT_EQ(ways.size(), static_cast<size_t>(2 * PairedTrial::kBlock));
+  EXPECT_EQ(resumed.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
+
+  PairedTrial fresh;
+  const auto fresh_ways = run(fresh, slower_b);
+  EXPECT_EQ(fresh.verdict(), Verdict::KeepA);
+  EXPECT_EQ(fresh_ways.size(), static_cast<size_t>(2 * PairedTrial::kPairs * PairedTrial::kBlock));
+
+  // One earlier pair: the next block is B (the third of A B B A), and no early verdict follows the
+  // second pair, however clear (the first pair's was the earlier trial's to take).
+  PairedTrial one;
+  one.resume({1.0});
+  EXPECT_TRUE(one.b());
+  run(one, [](bool b, int) { return b ? 0.5 : 1.0; }, 2 * PairedTrial::kBlock);
+  EXPECT_EQ(one.verdict(), Verdict::Running);
+  EXPECT_EQ(one.ratios().size(), 2u);
+
+  // At most kPairs - 1 are taken (a trial with kPairs had decided), and only ratios of two times.
+  PairedTrial many;
+  many.resume({0.5, -1.0, std::nan(""), 0.5, 0.5, 0.5});
+  EXPECT_EQ(many.ratios(), (std::vector<double>{0.5, 0.5, 0.5}));
+  EXPECT_EQ(many.verdict(), Verdict::Running);
+}
+
 }  // namespace
 }  // namespace terra::test

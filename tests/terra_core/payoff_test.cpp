@@ -371,5 +371,37 @@ TEST(Payoff, AnEarlierRunsChoiceThatNoLongerHoldsIsChangedAtTheFirstReCheck) {
   EXPECT_FALSE(p.eager());
 }
 
+TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlone) {
+  // An earlier run's pairing had three pairs with eager execution twice as fast; this run's
+  // co-execution is 10% faster. The fourth pair decides, for eager execution by the median.
+  Driver d;
+  Payoff& p = d.p;
+  p.resume_pairing(/*loop=*/1, {2.0 / 4.0, 1.0 / 2.0, 0.5}, /*margin=*/0.0);
+  EXPECT_EQ(p.phase(), Payoff::Phase::Pairing);
+  EXPECT_TRUE(p.remembered());
+  EXPECT_TRUE(p.pairing_resumed());
+  EXPECT_FALSE(p.resumed()) << "no earlier choice";
+  EXPECT_FALSE(p.has_choice());
+  EXPECT_EQ(p.pairs_resumed(), 3);
+  const int iterations = until_check(d, 1.0, 1.1);
+  // One pair of blocks, each with the iteration that switched modes (not clean), no measuring phase.
+  EXPECT_EQ(iterations, 2 * PairedTrial::kBlock + 2);
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
+
+  // Iterations of another loop are not the pairing's.
+  Driver other;
+  other.p.resume_pairing(/*loop=*/2, {0.5, 0.5, 0.5}, 0.0);
+  EXPECT_EQ(until_check(other, 1.0, 1.1, 100), 100);
+  EXPECT_EQ(other.p.checks(), 0u);
+
+  // The same run remembering nothing: co-execution, after timing each mode and pairing them.
+  Driver fresh;
+  const int fresh_iterations = until_check(fresh, 1.0, 1.1);
+  EXPECT_FALSE(fresh.p.choice_eager());
+  EXPECT_GT(fresh_iterations, 2 * PairedTrial::kPairs * PairedTrial::kBlock);
+}
+
 }  // namespace
 }  // namespace terra::test

@@ -12,6 +12,15 @@
 namespace terra::runtime {
 namespace {
 
+PayoffMemory::Choice choice(bool eager, double coexec_s, double eager_s, int64_t hold) {
+  PayoffMemory::Choice c;
+  c.eager = eager;
+  c.coexec_s = coexec_s;
+  c.eager_s = eager_s;
+  c.hold = hold;
+  return c;
+}
+
 std::string fresh_dir(const char* name) {
   auto dir = std::filesystem::temp_directory_path() / (std::string("terra-payoff-memory-") + name);
   std::filesystem::remove_all(dir);
@@ -60,16 +69,46 @@ TEST(PayoffMemory, AChoiceStoredByOneProcessIsReadByTheNextWithWhatItLearnt) {
   EXPECT_FALSE(again.find(0).has_value()) << "key 0: none";
 }
 
+TEST(PayoffMemory, APairingInProgressIsKeptWithItsPairsAndWithOrWithoutAChoice) {
+  const std::string file = PayoffMemory::file_in(fresh_dir("pairing"));
+  PayoffMemory::Choice first = choice(false, 0, 0, 0);
+  first.chosen = false;
+  first.pairing = true;
+  first.pairs = {1.25, 0.75, 1.5, 2.0};  // a fourth is not kept: it decided
+  PayoffMemory::Choice rechecked = choice(true, 0.012, 0.01, 128);
+  rechecked.pairing = true;
+  rechecked.pairs = {0.875};
+  PayoffMemory::Choice nothing = choice(false, 0, 0, 0);
+  nothing.chosen = false;
+  {
+    PayoffMemory m(file);
+    m.store(1, first);
+    m.store(2, rechecked);
+    m.store(3, nothing);  // neither a choice nor a pairing: not read back
+  }
+  PayoffMemory again(file);
+  EXPECT_EQ(again.loaded(), 2u);
+  const auto a = again.find(1), b = again.find(2);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(a->chosen);
+  EXPECT_TRUE(a->pairing);
+  EXPECT_EQ(a->pairs, (std::vector<double>{1.25, 0.75, 1.5}));
+  EXPECT_TRUE(b->chosen && b->eager && b->pairing);
+  EXPECT_EQ(b->hold, 128);
+  EXPECT_EQ(b->pairs, (std::vector<double>{0.875}));
+  EXPECT_FALSE(again.find(3).has_value());
+}
+
 TEST(PayoffMemory, ForeignTornAndNonsenseRecordsAreSkipped) {
   const std::string file = PayoffMemory::file_in(fresh_dir("damaged"));
   { PayoffMemory(file).store(7, PayoffMemory::Choice{}); }
   {
     std::ofstream out(file, std::ios::binary | std::ios::app);
-    const char junk[32] = {1, 2, 3};
+    const char junk[sizeof(PayoffChoiceCodec::Record)] = {1, 2, 3};
     out.write(junk, sizeof junk);  // no tag
     out.write(junk, 11);           // torn
   }
-  { PayoffMemory(file).store(8, PayoffMemory::Choice{true, -1.0, 0.5, 32}); }  // a negative time
+  { PayoffMemory(file).store(8, choice(true, -1.0, 0.5, 32)); }  // a negative time
   PayoffMemory m(file);
   EXPECT_EQ(m.loaded(), 1u);
   EXPECT_TRUE(m.find(7).has_value());
@@ -82,7 +121,7 @@ TEST(PayoffMemory, VerdictsAndChoicesKeepTheirOwnFilesInOneDirectory) {
   EXPECT_EQ(PayoffMemory::file_in(dir).rfind(dir + "/payoff_choices-", 0), 0u);
   EXPECT_EQ(PayoffMemory::file_in(""), "");
   PayoffMemory none("");
-  none.store(5, PayoffMemory::Choice{true, 1, 1, 32});
+  none.store(5, choice(true, 1, 1, 32));
   EXPECT_TRUE(none.find(5).has_value()) << "without a file, kept for the process";
 }
 

@@ -315,8 +315,12 @@ def payoff_line(payoff):
     if payoff.get("phase") == PAIRING:
         # by_call: its cells (calls) are short, and each runs wholly one way (terra/payoff.h)
         turns = "a whole cell (or call) each way in turn" if payoff.get("by_call") else "in alternating blocks"
+        # pairs_remembered: the pairing goes on from pairs an earlier run on this machine completed
+        # before it ended (runtime/payoff_memory.h)
+        earlier = payoff.get("pairs_remembered", 0)
+        since = f", going on from {earlier} pair(s) of blocks an earlier run on this machine timed" if earlier else ""
         return (f"is being timed co-executed and eagerly, {turns} (one phase of each was too close "
-                f"to tell on this host); the faster then runs")
+                f"to tell on this host{since}); the faster then runs")
     if not _decided(payoff) or payoff["choice"] != "eager":
         return None
     # remembered: the choice held is an earlier run's on this machine (its cache file)

@@ -55,6 +55,12 @@ class PairedTrial {
   Verdict verdict() const { return verdict_; }
   // t(B) / t(A) per pair so far.
   const std::vector<double>& ratios() const { return ratios_; }
+  // Goes on from the pairs an earlier trial of the same two ways had completed (their ratios, at
+  // most kPairs - 1 of them taken: a trial with kPairs decided), before any iteration is recorded:
+  // its next block is the one after them, and the first pair's early verdict (kClear) is theirs,
+  // not the next pair's. The payoff check's pairing left unfinished by a process that ended
+  // (runtime/payoff_memory.h).
+  void resume(const std::vector<double>& ratios);
 
  private:
   static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...

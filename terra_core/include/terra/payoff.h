@@ -97,8 +97,22 @@ class Payoff {
   // An earlier run may have measured on a busier machine: its choice is checked again within this
   // many iterations, however long that run had come to hold it (up to kMaxHold).
   static constexpr int64_t kResumedHold = 512;
+  // Goes on with the pairing of an earlier run's check (runtime/payoff_memory.h) that its process
+  // ended before it decided: the modes are timed in alternating blocks of `loop`'s iterations from
+  // the first one recorded, after the pairs that run completed (`ratios`, t(eager)/t(co-executed)),
+  // without timing each mode alone first. Where the earlier run also had a choice, resume() it first.
+  // dcgan's and dropblock's co-execution, 1.2 times as fast as eager execution on this host, was
+  // still paired after 60 steps, and every run paired again from nothing.
+  void resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin);
+  // The pairs the current pairing has completed (t(eager) / t(co-executed) each), and how many of
+  // them an earlier run's (resume_pairing).
+  const std::vector<double>& pairs() const { return pairing_.ratios(); }
+  int pairs_resumed() const { return pairs_resumed_; }
   int64_t hold() const { return hold_; }  // the last check's hold
   bool resumed() const { return resumed_; }
+  // What this run started from was an earlier run's: a choice (resume) or a pairing (resume_pairing).
+  bool remembered() const { return resumed_ || pairing_resumed_; }
+  bool pairing_resumed() const { return pairing_resumed_; }
   // A choice is held or was: a check of this run's made it, or an earlier run's (resume).
   bool has_choice() const { return checks_ > 0 || resumed_; }
   // Re-times the mode not chosen after at most `iterations` more (a shorter hold): another way
@@ -138,6 +152,7 @@ class Payoff {
   Totals totals(bool traced_for_eager) const;
   void start(Phase phase);
   void start_pairing(double margin);
+  static PairedTrial paired_modes(double margin);  // A co-executed, B eager, B taken beyond the margin
   bool clear_winner(double margin, double check_budget);  // decides early if one mode is clearly faster
   void decide(bool eager, const Totals& t, double check_budget);
 
@@ -151,6 +166,8 @@ class Payoff {
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
   bool resumed_ = false;  // the choice held first came from an earlier run (resume)
+  bool pairing_resumed_ = false;  // the first pairing went on from an earlier run's (resume_pairing)
+  int pairs_resumed_ = 0;  // pairs of the current pairing an earlier run completed
   double coexec_s_ = 0, eager_s_ = 0;
   int session_records_ = 0;  // record() calls in this session
   std::optional<bool> session_way_;  // short sessions while pairing: this session's way (eager?)
