@@ -58,6 +58,10 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
     return;
   }
   if (phase_ == Phase::Pairing) {
+    // A pairing taken up from an earlier run pairs the loop it was recalled at unless another
+    // loop's iteration is recorded first (that loop may have ended: the recall is at a loop's
+    // first traced iteration, a short setup loop's with the same ops too).
+    if (pairing_resumed_ && !pairing_.started()) pair_loop_ = loop;
     if (loop != pair_loop_) return;  // blocks of one loop's iterations only
     const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
     if (verdict == PairedTrial::Verdict::Running) return;

@@ -390,11 +390,20 @@ TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlon
   EXPECT_TRUE(p.choice_eager());
   EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
 
-  // Iterations of another loop are not the pairing's.
+  // Its blocks are of one loop's iterations: the first recorded (here loop 2, where it was recalled);
+  // another's are not counted.
   Driver other;
   other.p.resume_pairing(/*loop=*/2, {0.5, 0.5, 0.5}, 0.0);
+  other.run(1, 1.0, 1.1, 0.0, /*loop=*/2);
   EXPECT_EQ(until_check(other, 1.0, 1.1, 100), 100);
   EXPECT_EQ(other.p.checks(), 0u);
+  EXPECT_EQ(other.p.phase(), Payoff::Phase::Pairing);
+  // Recalled at a loop that records nothing afterwards (a setup loop that ended): the next loop
+  // recorded is paired.
+  Driver moved;
+  moved.p.resume_pairing(/*loop=*/2, {0.5, 0.5, 0.5}, 0.0);
+  EXPECT_EQ(until_check(moved, 1.0, 1.1), 2 * PairedTrial::kBlock + 2);
+  EXPECT_TRUE(moved.p.choice_eager());
 
   // The same run remembering nothing: co-execution, after timing each mode and pairing them.
   Driver fresh;
