@@ -53,7 +53,8 @@ def child(mode, name, steps, threads):
         s = terra.stats()
         out.update(coexecuted=s["iterations_coexecuted"], eager_chosen=s["iterations_eager_chosen"],
                    traced=s["iterations_traced"],
-                   remembered=any(terra._c().stats(g)["payoff"]["remembered"] for g in terra._c().graphs()))
+                   remembered=any(terra._c().stats(g)["payoff"]["remembered"] for g in terra._c().graphs()),
+                   pairing_remembered=any(terra._c().stats(g)["payoff"]["pairing_remembered"] for g in terra._c().graphs()))
     print(json.dumps(out))
 
 
@@ -95,7 +96,7 @@ def main():
     out = ROOT / "bench" / "results"
     (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"# A program run again: one call of {args.steps} steps in a fresh process", "",
-             f"{doc['date']}, {args.threads} intra-op threads, {args.rounds} rounds (medians), modes interleaved "
+             f"{doc['date']}, {args.threads} intra-op threads, OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.rounds} rounds (medians), modes interleaved "
              "per round, each run its own process, whole-call wall time (first-call costs included). "
              "Afresh: the payoff check times both modes (TERRA_REMEMBER_PAYOFF=0); remembered: it starts "
              "from the choices an earlier run stored (runtime/payoff_memory.h). Speedup: eager's time over "

@@ -106,7 +106,7 @@ def main():
     out = ROOT / "bench" / "results"
     (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
     lines = [f"# Short calls: {CALLS} `terra.run` calls per process, median after the first {WARM}",
-             "", f"{doc['date']}, {args.threads} intra-op threads, {args.rounds} rounds (medians over rounds), "
+             "", f"{doc['date']}, {args.threads} intra-op threads, OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}, {args.rounds} rounds (medians over rounds), "
              "eager and Terra each in fresh processes, interleaved per round. Ratio: eager's time per call "
              "over Terra's (above 1: Terra faster). `bench/short_calls.py`.", ""]
     head = "| program | steps/call | eager ms/call | Terra ms/call | speedup | Terra first call ms |"
