@@ -69,6 +69,11 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
     // latest blocks of the two modes saw different moments of the host.
     Totals t = totals(false);
     std::vector<double> ratios = pairing_.ratios();  // t(eager) / t(co-executed)
+    // Neighbouring pairs ran their modes in opposite orders (A B, then B A), so a drifting host
+    // moves their ratios opposite ways: their geometric means cancel it, where a trial decided on
+    // an odd number of pairs (three, most of them on one side) would report one that drifted.
+    for (size_t k = 0; k + 1 < ratios.size(); ++k) ratios[k] = std::sqrt(ratios[k] * ratios[k + 1]);
+    if (ratios.size() > 1) ratios.pop_back();
     const Loop& l = loops_[pair_loop_];
     if (!ratios.empty() && l.coexec.n > 0 && l.eager.n > 0) {
       const double ratio = median_in_place(ratios.begin(), ratios.end());
@@ -118,7 +123,8 @@ PairedTrial Payoff::paired_modes(double margin) {
   return PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
 }
 
-void Payoff::resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin) {
+void Payoff::resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin,
+                            double check_budget) {
   pair_loop_ = loop;
   pairing_ = paired_modes(margin);
   pairing_.resume(ratios);
@@ -126,6 +132,10 @@ void Payoff::resume_pairing(uint64_t loop, const std::vector<double>& ratios, do
   pairs_resumed_ = static_cast<int>(pairing_.ratios().size());
   measured_eager_ = true;  // its B blocks time eager execution
   start(Phase::Pairing);
+  // Pairs that fix the median already decide now, with no times of this run's to show (a run
+  // keeps none such: it decides at them).
+  if (pairing_.verdict() != PairedTrial::Verdict::Running)
+    decide(pairing_.verdict() == PairedTrial::Verdict::TakeB, totals(false), check_budget);
 }
 
 Payoff::Totals Payoff::totals(bool traced_for_eager) const {

@@ -1,4 +1,5 @@
 #include "terra/paired_trial.h"
+#include "terra/median.h"
 
 #include <gtest/gtest.h>
 
@@ -53,7 +54,8 @@ TEST(PairedTrial, KeepsAWhereBIsNotClearlyFaster) {
   PairedTrial slower;
   run(slower, [](bool b, int) { return b ? 1.1 : 1.0; });
   EXPECT_EQ(slower.verdict(), Verdict::KeepA);
-  EXPECT_EQ(slower.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
+  // Three pairs on one side: a fourth could not move the median.
+  EXPECT_EQ(slower.ratios().size(), static_cast<size_t>(PairedTrial::kPairs - 1));
 }
 
 TEST(PairedTrial, AGainOfOneTakesBWhereverItIsFaster) {
@@ -91,11 +93,11 @@ TEST(PairedTrial, AFirstPairDecidesAtOnceOnlyFarFromTheGain) {
   run(far, [](bool b, int) { return b ? 0.001 : 1.0; });
   EXPECT_EQ(far.verdict(), Verdict::TakeB);
   EXPECT_EQ(far.ratios().size(), 1u);
-  // Near it, by the median of kPairs pairs.
+  // Near it, by the pairs' median (three on one side fix it).
   PairedTrial near(1.0 / 101.0);
   run(near, [](bool b, int) { return b ? 0.0098 : 1.0; });
   EXPECT_EQ(near.verdict(), Verdict::TakeB);
-  EXPECT_EQ(near.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
+  EXPECT_EQ(near.ratios().size(), static_cast<size_t>(PairedTrial::kPairs - 1));
 }
 
 TEST(PairedTrial, TheFirstIterationsOfEachBlockAreNotCounted) {
@@ -154,23 +156,24 @@ TEST(PairedTrial, BlocksFillAcrossShortRunsThatEachStartUnclean) {
 }
 
 TEST(PairedTrial, AResumedTrialGoesOnAfterTheEarlierPairsAndDecidesWithThem) {
-  // Three earlier pairs with B clearly faster; the next pair, here B 5% slower, is the fourth, and
-  // the median of the four takes B. A trial without them is still running after that pair (its
-  // first pair, not beyond kClear), and later keeps A.
-  const auto slower_b = [](bool b, int) { return b ? 1.05 : 1.0; };
+  // Three earlier pairs, two with B slower, one with B twice as fast; the next pair, here B 20%
+  // faster, is the fourth, and the median of the four keeps A. A trial without them is still
+  // running after that pair (its first pair, not beyond kClear), and takes B after three.
+  const auto faster_b = [](bool b, int) { return b ? 0.8 : 1.0; };
   PairedTrial resumed;
-  resumed.resume({0.5, 0.6, 0.55});
+  resumed.resume({1.2, 1.3, 0.5});
+  EXPECT_EQ(resumed.verdict(), Verdict::Running);
   EXPECT_EQ(resumed.ratios().size(), 3u);
   EXPECT_TRUE(resumed.b()) << "the blocks after three pairs: B A (the seventh and eighth of A B B A A B B A)";
-  const auto ways = run(resumed, slower_b);
-  EXPECT_EQ(resumed.verdict(), Verdict::TakeB);
+  const auto ways = run(resumed, faster_b);
+  EXPECT_EQ(resumed.verdict(), Verdict::KeepA);
   EXPECT_EQ(ways.size(), static_cast<size_t>(2 * PairedTrial::kBlock));
   EXPECT_EQ(resumed.ratios().size(), static_cast<size_t>(PairedTrial::kPairs));
 
   PairedTrial fresh;
-  const auto fresh_ways = run(fresh, slower_b);
-  EXPECT_EQ(fresh.verdict(), Verdict::KeepA);
-  EXPECT_EQ(fresh_ways.size(), static_cast<size_t>(2 * PairedTrial::kPairs * PairedTrial::kBlock));
+  const auto fresh_ways = run(fresh, faster_b);
+  EXPECT_EQ(fresh.verdict(), Verdict::TakeB);
+  EXPECT_EQ(fresh_ways.size(), static_cast<size_t>(2 * (PairedTrial::kPairs - 1) * PairedTrial::kBlock));
 
   // One earlier pair: the next block is B (the third of A B B A), and no early verdict follows the
   // second pair, however clear (the first pair's was the earlier trial's to take).
@@ -181,11 +184,52 @@ TEST(PairedTrial, AResumedTrialGoesOnAfterTheEarlierPairsAndDecidesWithThem) {
   EXPECT_EQ(one.verdict(), Verdict::Running);
   EXPECT_EQ(one.ratios().size(), 2u);
 
-  // At most kPairs - 1 are taken (a trial with kPairs had decided), and only ratios of two times.
+  // At most kPairs - 1 are taken (a trial with kPairs had decided), and only ratios of two times;
+  // three on one side of the gain decide at once.
   PairedTrial many;
   many.resume({0.5, -1.0, std::nan(""), 0.5, 0.5, 0.5});
   EXPECT_EQ(many.ratios(), (std::vector<double>{0.5, 0.5, 0.5}));
-  EXPECT_EQ(many.verdict(), Verdict::Running);
+  EXPECT_EQ(many.verdict(), Verdict::TakeB);
+}
+
+TEST(PairedTrial, AVerdictBeforeTheLastPairIsTheOneTheLastPairWouldHaveGiven) {
+  // Every three pairs from a set of ratios around the gain (0.95), and every fourth (also far
+  // below and above them all): where the three decide (taken up by resume, as the trial's own
+  // three would), the median of all four agrees whatever the fourth; where they do not, some
+  // fourth gives each verdict.
+  const std::vector<double> values = {0.5, 0.94, 0.95, 0.96, 1.5};
+  std::vector<double> fourths = values;
+  fourths.push_back(1e-3);
+  fourths.push_back(1e3);
+  int decided = 0, open = 0;
+  for (double a : values)
+    for (double b : values)
+      for (double c : values) {
+        PairedTrial t;
+        t.resume({a, b, c});
+        bool keeps = false, takes = false;
+        for (double d : fourths) {
+          std::vector<double> four = {a, b, c, d};
+          const bool take = median_in_place(four.begin(), four.end()) < PairedTrial::kGain;
+          takes = takes || take;
+          keeps = keeps || !take;
+          if (t.verdict() != Verdict::Running) {
+            EXPECT_EQ(t.verdict() == Verdict::TakeB, take) << a << " " << b << " " << c << " " << d;
+          }
+        }
+        if (t.verdict() == Verdict::Running) {
+          ++open;
+          EXPECT_TRUE(keeps && takes) << a << " " << b << " " << c;
+        } else {
+          ++decided;
+        }
+      }
+  EXPECT_GT(decided, 0);
+  EXPECT_GT(open, 0);
+  // Two pairs far enough above the gain fix the median too: with two more at 0 it is 1.
+  PairedTrial two;
+  two.resume({2.0, 2.5});
+  EXPECT_EQ(two.verdict(), Verdict::KeepA);
 }
 
 }  // namespace

@@ -372,18 +372,19 @@ TEST(Payoff, AnEarlierRunsChoiceThatNoLongerHoldsIsChangedAtTheFirstReCheck) {
 }
 
 TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlone) {
-  // An earlier run's pairing had three pairs with eager execution twice as fast; this run's
-  // co-execution is 10% faster. The fourth pair decides, for eager execution by the median.
+  // An earlier run's pairing had three pairs, one with eager execution twice as fast, one with it
+  // 10% faster, one 30% slower; this run's co-execution is 5% faster. The fourth pair decides, for
+  // eager execution by the median (0.975).
   Driver d;
   Payoff& p = d.p;
-  p.resume_pairing(/*loop=*/1, {2.0 / 4.0, 1.0 / 2.0, 0.5}, /*margin=*/0.0);
+  p.resume_pairing(/*loop=*/1, {0.5, 0.9, 1.3}, /*margin=*/0.0);
   EXPECT_EQ(p.phase(), Payoff::Phase::Pairing);
   EXPECT_TRUE(p.remembered());
   EXPECT_TRUE(p.pairing_resumed());
   EXPECT_FALSE(p.resumed()) << "no earlier choice";
   EXPECT_FALSE(p.has_choice());
   EXPECT_EQ(p.pairs_resumed(), 3);
-  const int iterations = until_check(d, 1.0, 1.1);
+  const int iterations = until_check(d, 1.0, 1.05);
   // One pair of blocks, each with the iteration that switched modes (not clean), no measuring phase.
   EXPECT_EQ(iterations, 2 * PairedTrial::kBlock + 2);
   EXPECT_EQ(p.checks(), 1u);
@@ -393,23 +394,32 @@ TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlon
   // Its blocks are of one loop's iterations: the first recorded (here loop 2, where it was recalled);
   // another's are not counted.
   Driver other;
-  other.p.resume_pairing(/*loop=*/2, {0.5, 0.5, 0.5}, 0.0);
-  other.run(1, 1.0, 1.1, 0.0, /*loop=*/2);
-  EXPECT_EQ(until_check(other, 1.0, 1.1, 100), 100);
+  other.p.resume_pairing(/*loop=*/2, {0.5, 0.9, 1.3}, 0.0);
+  other.run(1, 1.0, 1.05, 0.0, /*loop=*/2);
+  EXPECT_EQ(until_check(other, 1.0, 1.05, 100), 100);
   EXPECT_EQ(other.p.checks(), 0u);
   EXPECT_EQ(other.p.phase(), Payoff::Phase::Pairing);
   // Recalled at a loop that records nothing afterwards (a setup loop that ended): the next loop
   // recorded is paired.
   Driver moved;
-  moved.p.resume_pairing(/*loop=*/2, {0.5, 0.5, 0.5}, 0.0);
-  EXPECT_EQ(until_check(moved, 1.0, 1.1), 2 * PairedTrial::kBlock + 2);
+  moved.p.resume_pairing(/*loop=*/2, {0.5, 0.9, 1.3}, 0.0);
+  EXPECT_EQ(until_check(moved, 1.0, 1.05), 2 * PairedTrial::kBlock + 2);
   EXPECT_TRUE(moved.p.choice_eager());
 
   // The same run remembering nothing: co-execution, after timing each mode and pairing them.
   Driver fresh;
-  const int fresh_iterations = until_check(fresh, 1.0, 1.1);
+  const int fresh_iterations = until_check(fresh, 1.0, 1.05);
   EXPECT_FALSE(fresh.p.choice_eager());
-  EXPECT_GT(fresh_iterations, 2 * PairedTrial::kPairs * PairedTrial::kBlock);
+  EXPECT_GT(fresh_iterations, 2 * (PairedTrial::kPairs - 1) * PairedTrial::kBlock);
+}
+
+TEST(Payoff, PairsAnEarlierRunLeftThatFixTheMedianDecideAtOnce) {
+  Driver d;
+  d.p.resume_pairing(/*loop=*/1, {0.5, 0.5, 0.5}, /*margin=*/0.0);
+  EXPECT_EQ(d.p.checks(), 1u);
+  EXPECT_TRUE(d.p.choice_eager());
+  EXPECT_EQ(d.p.phase(), Payoff::Phase::Hold);
+  EXPECT_EQ(d.p.hold_left(), Payoff::kFirstHold);
 }
 
 }  // namespace

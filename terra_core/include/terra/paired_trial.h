@@ -17,7 +17,8 @@
 // from its blocks' mean iteration times. A first pair beyond kClear either way decides at once (a
 // clearly slower way costs kBlock iterations, not a whole trial; "clear": beyond kClear times the
 // gain or below it divided by kClear); otherwise B is taken where the
-// median of kPairs pairs is below kGain (or the gain given).
+// median of kPairs pairs is below kGain (or the gain given), decided as soon as the pairs still to
+// come cannot change that (three of four on one side, say).
 //
 // Plain C++ on plain numbers: the runtime feeds it co-executed iteration times (PythonRunner).
 #pragma once
@@ -60,12 +61,13 @@ class PairedTrial {
   // Goes on from the pairs an earlier trial of the same two ways had completed (their ratios, at
   // most kPairs - 1 of them taken: a trial with kPairs decided), before any iteration is recorded:
   // its next block is the one after them, and the first pair's early verdict (kClear) is theirs,
-  // not the next pair's. The payoff check's pairing left unfinished by a process that ended
-  // (runtime/payoff_memory.h).
+  // not the next pair's; pairs that already fix the median decide at once. The payoff check's
+  // pairing left unfinished by a process that ended (runtime/payoff_memory.h).
   void resume(const std::vector<double>& ratios);
 
  private:
   static bool block_is_b(int block) { return ((block + 1) / 2) % 2 == 1; }  // A B B A A B B A ...
+  void decide_by_pairs();  // the verdict the pairs so far fix, whatever the rest give
 
   double gain_ = kGain;
   Verdict verdict_ = Verdict::Running;

@@ -103,7 +103,8 @@ class Payoff {
   // without timing each mode alone first. Where the earlier run also had a choice, resume() it first.
   // dcgan's and dropblock's co-execution, 1.2 times as fast as eager execution on this host, was
   // still paired after 60 steps, and every run paired again from nothing.
-  void resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin);
+  void resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin,
+                      double check_budget = kCheckBudget);
   // The pairs the current pairing has completed (t(eager) / t(co-executed) each), and how many of
   // them an earlier run's (resume_pairing).
   const std::vector<double>& pairs() const { return pairing_.ratios(); }
