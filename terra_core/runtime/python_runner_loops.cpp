@@ -430,8 +430,8 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
   const auto choice = PayoffMemory::process().find(g.payoff_key);
   if (!choice) return;
   if (choice->chosen) g.payoff.resume(choice->eager, choice->coexec_s, choice->eager_s, choice->hold);
-  // A pairing that run's process ended in goes on here, over this loop's iterations.
-  if (choice->pairing) g.payoff.resume_pairing(boundary_, choice->pairs, policy_.payoff_margin, policy_.payoff_check_budget);
+  // A pairing that run's process ended in goes on here.
+  if (choice->pairing) g.payoff.resume_pairing(choice->pairs, policy_.payoff_margin, policy_.payoff_check_budget);
   g.workers_asleep = choice->workers_asleep;
   g.retimed_coexec = choice->retimed_coexec;
   if (choice->workers_settled) g.workers_trial = Graph::WorkersTrial::Done;

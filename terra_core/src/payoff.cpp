@@ -58,10 +58,7 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
     return;
   }
   if (phase_ == Phase::Pairing) {
-    // A pairing taken up from an earlier run pairs the loop it was recalled at unless another
-    // loop's iteration is recorded first (that loop may have ended: the recall is at a loop's
-    // first traced iteration, a short setup loop's with the same ops too).
-    if (pairing_resumed_ && !pairing_.started()) pair_loop_ = loop;
+    if (pair_loop_ == 0) pair_loop_ = loop;  // a pairing taken up: the first loop recorded
     if (loop != pair_loop_) return;  // blocks of one loop's iterations only
     const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
     if (verdict == PairedTrial::Verdict::Running) return;
@@ -123,9 +120,8 @@ PairedTrial Payoff::paired_modes(double margin) {
   return PairedTrial(1.0 / std::max(1.0 + margin, 1e-12));
 }
 
-void Payoff::resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin,
-                            double check_budget) {
-  pair_loop_ = loop;
+void Payoff::resume_pairing(const std::vector<double>& ratios, double margin, double check_budget) {
+  pair_loop_ = 0;
   pairing_ = paired_modes(margin);
   pairing_.resume(ratios);
   pairing_resumed_ = true;

@@ -377,7 +377,7 @@ TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlon
   // eager execution by the median (0.975).
   Driver d;
   Payoff& p = d.p;
-  p.resume_pairing(/*loop=*/1, {0.5, 0.9, 1.3}, /*margin=*/0.0);
+  p.resume_pairing({0.5, 0.9, 1.3}, /*margin=*/0.0);
   EXPECT_EQ(p.phase(), Payoff::Phase::Pairing);
   EXPECT_TRUE(p.remembered());
   EXPECT_TRUE(p.pairing_resumed());
@@ -391,20 +391,14 @@ TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlon
   EXPECT_TRUE(p.choice_eager());
   EXPECT_EQ(p.phase(), Payoff::Phase::Hold);
 
-  // Its blocks are of one loop's iterations: the first recorded (here loop 2, where it was recalled);
-  // another's are not counted.
+  // Its blocks are of one loop's iterations: the first recorded after it was taken up (above loop
+  // 1; here loop 2); another's are not counted.
   Driver other;
-  other.p.resume_pairing(/*loop=*/2, {0.5, 0.9, 1.3}, 0.0);
+  other.p.resume_pairing({0.5, 0.9, 1.3}, 0.0);
   other.run(1, 1.0, 1.05, 0.0, /*loop=*/2);
   EXPECT_EQ(until_check(other, 1.0, 1.05, 100), 100);
   EXPECT_EQ(other.p.checks(), 0u);
   EXPECT_EQ(other.p.phase(), Payoff::Phase::Pairing);
-  // Recalled at a loop that records nothing afterwards (a setup loop that ended): the next loop
-  // recorded is paired.
-  Driver moved;
-  moved.p.resume_pairing(/*loop=*/2, {0.5, 0.9, 1.3}, 0.0);
-  EXPECT_EQ(until_check(moved, 1.0, 1.05), 2 * PairedTrial::kBlock + 2);
-  EXPECT_TRUE(moved.p.choice_eager());
 
   // The same run remembering nothing: co-execution, after timing each mode and pairing them.
   Driver fresh;
@@ -415,11 +409,28 @@ TEST(Payoff, APairingAnEarlierRunLeftGoesOnFromItsPairsWithoutTimingEachModeAlon
 
 TEST(Payoff, PairsAnEarlierRunLeftThatFixTheMedianDecideAtOnce) {
   Driver d;
-  d.p.resume_pairing(/*loop=*/1, {0.5, 0.5, 0.5}, /*margin=*/0.0);
+  d.p.resume_pairing({0.5, 0.5, 0.5}, /*margin=*/0.0);
   EXPECT_EQ(d.p.checks(), 1u);
   EXPECT_TRUE(d.p.choice_eager());
   EXPECT_EQ(d.p.phase(), Payoff::Phase::Hold);
   EXPECT_EQ(d.p.hold_left(), Payoff::kFirstHold);
+}
+
+TEST(Payoff, ALaterPairingOfARunThatTookUpOneStillPairsTheLoopThatRunsMost) {
+  // A pairing taken up from an earlier run decides for eager execution; the re-check after its hold
+  // finds co-execution 5% faster, not clearly, and pairs again, over loop 1 (the loop timed both
+  // ways). An iteration of another loop recorded first does not take that pairing over.
+  Driver d;
+  Payoff& p = d.p;
+  p.resume_pairing({0.5, 0.9, 1.3}, /*margin=*/0.0);
+  until_check(d, 1.0, 1.05);
+  ASSERT_TRUE(p.choice_eager());
+  for (int i = 0; i < 1000 && p.phase() != Payoff::Phase::Pairing; ++i) d.run(1, 1.0, 1.05);
+  ASSERT_EQ(p.phase(), Payoff::Phase::Pairing);
+  d.run(1, 1.0, 1.05, 0.0, /*loop=*/2);
+  EXPECT_LT(until_check(d, 1.0, 1.05, 200), 200);
+  EXPECT_EQ(p.checks(), 2u);
+  EXPECT_FALSE(p.choice_eager());
 }
 
 }  // namespace

@@ -54,8 +54,6 @@ class PairedTrial {
   // again, and the block goes on until it has counted kCounted clean iterations.
   Verdict record(bool clean, double seconds);
   Verdict verdict() const { return verdict_; }
-  // An iteration was recorded.
-  bool started() const { return iterations_ > 0; }
   // t(B) / t(A) per pair so far.
   const std::vector<double>& ratios() const { return ratios_; }
   // Goes on from the pairs an earlier trial of the same two ways had completed (their ratios, at

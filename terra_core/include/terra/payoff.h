@@ -98,13 +98,13 @@ class Payoff {
   // many iterations, however long that run had come to hold it (up to kMaxHold).
   static constexpr int64_t kResumedHold = 512;
   // Goes on with the pairing of an earlier run's check (runtime/payoff_memory.h) that its process
-  // ended before it decided: the modes are timed in alternating blocks of `loop`'s iterations from
-  // the first one recorded, after the pairs that run completed (`ratios`, t(eager)/t(co-executed)),
-  // without timing each mode alone first. Where the earlier run also had a choice, resume() it first.
-  // dcgan's and dropblock's co-execution, 1.2 times as fast as eager execution on this host, was
-  // still paired after 60 steps, and every run paired again from nothing.
-  void resume_pairing(uint64_t loop, const std::vector<double>& ratios, double margin,
-                      double check_budget = kCheckBudget);
+  // ended before it decided: the modes are timed in alternating blocks of the iterations of the
+  // first loop recorded from here (the one whose ops the memory's key is), after the pairs that
+  // run completed (`ratios`, t(eager)/t(co-executed)), without timing each mode alone first. Where
+  // the earlier run also had a choice, resume() it first. dcgan's and dropblock's co-execution, 1.2
+  // times as fast as eager execution on this host, was still paired after 60 steps, and every run
+  // paired again from nothing.
+  void resume_pairing(const std::vector<double>& ratios, double margin, double check_budget = kCheckBudget);
   // The pairs the current pairing has completed (t(eager) / t(co-executed) each), and how many of
   // them an earlier run's (resume_pairing).
   const std::vector<double>& pairs() const { return pairing_.ratios(); }
@@ -159,7 +159,7 @@ class Payoff {
 
   std::unordered_map<uint64_t, Loop> loops_;
   PairedTrial pairing_;     // Phase::Pairing: A co-executed, B eager
-  uint64_t pair_loop_ = 0;  // the loop whose iterations the pairing times
+  uint64_t pair_loop_ = 0;  // the loop whose iterations the pairing times (0: the next one recorded)
   Phase phase_ = Phase::MeasureCoExec;
   bool choice_eager_ = false;
   bool measured_eager_ = false;
