@@ -85,12 +85,12 @@ def run_child(script, args, pythonpath=None, env=None):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def benchmark_program(name, mode):
-    """In a child: bench/programs/<name> made with seed 0, two intra-op threads, and a function
-    running k of its steps eagerly or through terra.run (`mode` "terra")."""
+def benchmark_program(name, mode, threads=2):
+    """In a child: bench/programs/<name> made with seed 0, `threads` intra-op threads, and a
+    function running k of its steps eagerly or through terra.run (`mode` "terra")."""
     sys.path.insert(0, str(ROOT))
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     prog = importlib.import_module("bench.programs." + name)
     state = prog.make(0)
     if mode == "terra":

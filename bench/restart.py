@@ -15,17 +15,15 @@ medians over rounds. Results: bench/results/restart.{json,md} (`--name` for anot
     .venv/bin/python bench/restart.py [--rounds 3] [--steps 60] [program ...]
 """
 import argparse
-import importlib
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ab import run_child  # bench/ab.py: a fresh process, the JSON its last line prints
+from ab import benchmark_program, run_child  # bench/ab.py: a program's steps; a fresh process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("tabular_mlp", "rnn_lengths", "rl_cartpole", "bert", "stochastic_depth", "resnet", "dropblock",
@@ -35,17 +33,11 @@ MODES = ("eager", "afresh", "remembered")
 
 
 def child(mode, name, steps, threads):
-    import torch
-    torch.set_num_threads(threads)
-    sys.path.insert(0, str(ROOT))
-    prog = importlib.import_module(f"bench.programs.{name}")
+    run = benchmark_program(name, "eager" if mode == "eager" else "terra", threads)
     import terra
-    state = prog.make(0)
     t = time.perf_counter()
-    if mode == "eager":
-        prog.train(state, steps)
-    else:
-        terra.run(prog.train, state, steps)
+    run(steps)
+    if mode != "eager":
         terra.sync()
     wall = time.perf_counter() - t
     out = {"ms": wall * 1e3}

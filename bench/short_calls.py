@@ -17,17 +17,15 @@ another name).
     .venv/bin/python bench/short_calls.py [--rounds 3] [--steps 5,25] [--variant PYTHONPATH=...] [--remembered]
 """
 import argparse
-import importlib
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ab import run_child  # bench/ab.py: a fresh process, the JSON its last line prints
+from ab import benchmark_program, run_child  # bench/ab.py: a program's steps; a fresh process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("tabular_mlp", "rl_cartpole", "gpt", "music_transformer", "dcgan", "bert")
@@ -35,19 +33,13 @@ CALLS, WARM = 14, 4
 
 
 def child(mode, name, steps, threads):
-    import torch
-    torch.set_num_threads(threads)
-    sys.path.insert(0, str(ROOT))
-    prog = importlib.import_module(f"bench.programs.{name}")
+    run = benchmark_program(name, "eager" if mode == "eager" else "terra", threads)
     import terra
-    state = prog.make(0)
     times = []
     for _ in range(CALLS):
         t = time.perf_counter()
-        if mode == "eager":
-            prog.train(state, steps)
-        else:
-            terra.run(prog.train, state, steps)
+        run(steps)
+        if mode != "eager":
             terra.sync()
         times.append(time.perf_counter() - t)
     print(json.dumps({"first_ms": times[0] * 1e3, "call_ms": statistics.median(times[WARM:]) * 1e3}))
