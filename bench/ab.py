@@ -87,16 +87,22 @@ def run_child(script, args, pythonpath=None, env=None):
 
 def benchmark_program(name, mode, threads=2):
     """In a child: bench/programs/<name> made with seed 0, `threads` intra-op threads, and a
-    function running k of its steps eagerly or through terra.run (`mode` "terra")."""
+    function running k of its steps eagerly or through terra.run (`mode` "terra"); `mode` "both":
+    the two functions, (eager, terra), on one state."""
     sys.path.insert(0, str(ROOT))
     import torch
     torch.set_num_threads(threads)
     prog = importlib.import_module("bench.programs." + name)
     state = prog.make(0)
-    if mode == "terra":
+
+    def eager(k):
+        prog.train(state, k)
+
+    def through_terra(k):
         import terra
-        return lambda k: terra.run(prog.train, state, k)
-    return lambda k: prog.train(state, k)
+        terra.run(prog.train, state, k)
+
+    return {"eager": eager, "terra": through_terra, "both": (eager, through_terra)}[mode]
 
 
 def spawn(name, mode, pythonpath=None, loop=-1):

@@ -288,10 +288,14 @@ PYBIND11_MODULE(_C, m) {
     d["hits"] = st.hits;
     d["misses"] = st.misses;
     d["cached_bytes"] = st.cached_bytes;
+    d["cached_sizes"] = st.cached_sizes;
+    d["program_min_bytes"] = terra::runtime::RunnerAllocator::kProgramMinBytes;
+    d["idle_budget_bytes"] = terra::runtime::RunnerAllocator::kIdleCachedBytes;
     return d;
   }, "Terra's caching CPU allocator (runner_allocator.h): blocks handed out from its cache (hits) "
-        "and freshly allocated (misses) since the process started, and the bytes it caches now; "
-        "empty before it is installed.");
+        "and freshly allocated (misses) since the process started, the bytes it caches now and "
+        "their size classes, the smallest block the program thread takes from it and what it "
+        "keeps between sessions at most; empty before it is installed.");
   m.def("materialize", [](py::object t) {
     R().materialize(t.ptr());
     if (PyErr_Occurred()) throw py::error_already_set();
@@ -366,6 +370,7 @@ PYBIND11_MODULE(_C, m) {
   }, "Every engine setting (terra/policy.h): key, kind, value as text, help, the variable that sets its default.");
   m.def("configure", [](const std::string& text) {
     if (std::string error = R().policy().configure(text); !error.empty()) throw py::value_error(error);
+    R().settings_changed();
   }, "Applies 'key=value ...' settings, all or none; ValueError says what was wrong.");
   m.def("set_eager_hold_switch", [](py::function hold) {
     R().set_eager_hold_switch([hold](bool held) { hold(held); });

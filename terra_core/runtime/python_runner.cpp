@@ -154,9 +154,17 @@ void PythonRunner::set_mode(Mode mode) {
   RunnerAllocator::set_program_thread(policy_.program_cache && mode != Mode::CoExec && mode != Mode::Off);
 }
 
+void PythonRunner::settings_changed() {
+  if (mode_ != Mode::Off || policy_.program_cache) return;  // a session sets its thread per iteration
+  RunnerAllocator::set_program_thread(false);
+  if (RunnerAllocator::installed()) RunnerAllocator::install().release();
+}
+
 void PythonRunner::exit() {
   if (mode_ == Mode::Off) return;
-  RunnerAllocator::set_program_thread(false);  // what runs after the session allocates as eager
+  // Eager work after the session keeps taking its large blocks from the cache (runner_allocator.h:
+  // freeing them made its steps fault 2-3x as many pages as before the session).
+  RunnerAllocator::set_program_thread(policy_.program_cache);
   end_iteration();
   if (mode_ == Mode::CoExec) catch_up();
   if (runner_ && runner_team_) take_team_back(/*always=*/true);  // Terra off: one team, the program's
@@ -168,7 +176,14 @@ void PythonRunner::exit() {
   live_prune_at_ = kLivePruneSlack;
   set_value_graveyard(nullptr);
   graveyard_.clear();
-  if (RunnerAllocator::installed()) RunnerAllocator::install().release();  // eager work keeps none of its memory
+  if (RunnerAllocator::installed()) {
+    RunnerAllocator& allocator = RunnerAllocator::install();
+    if (policy_.program_cache) {
+      allocator.idle();  // only what the program thread takes, up to kIdleCachedBytes
+    } else {
+      allocator.release();
+    }
+  }
   grad_defined_.clear();
   own_made_.clear();
   raise_warnings();

@@ -58,6 +58,8 @@ class PythonRunner {
   void mark(uint64_t boundary, bool helper = false);
   Graph* graph() const { return graph_; }
   terra::Policy& policy() { return policy_; }
+  // After settings changed: between sessions, a program cache turned off stops caching at once.
+  void settings_changed();
   GraphRunner& runner();
   // Wall time the GraphRunner has spent executing items (0 before it exists): its work, without
   // the idle spinning that its CPU time includes.

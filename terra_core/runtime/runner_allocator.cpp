@@ -3,6 +3,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -90,7 +91,7 @@ void RunnerAllocator::deallocate(void* data) {
       ours = true;
       const size_t size = it->second;
       a.live_.erase(it);
-      if (a.active_ && a.cached_bytes_ + size <= kMaxCachedBytes) {
+      if (a.keeps(size)) {
         a.free_[size].push_back(data);
         a.cached_bytes_ += size;
         return;
@@ -115,9 +116,41 @@ void RunnerAllocator::release() {
     blocks.swap(free_);
     cached_bytes_ = 0;
     active_ = false;
+    idle_ = false;
   }
   for (auto& [size, list] : blocks)
     for (void* base : list) std::free(base);
+}
+
+bool RunnerAllocator::keeps(size_t size) const {
+  if (!active_) return false;
+  if (!idle_) return cached_bytes_ + size <= kMaxCachedBytes;
+  return size >= kProgramMinBytes && size <= round_size(kProgramMaxBytes) && cached_bytes_ + size <= kIdleCachedBytes;
+}
+
+void RunnerAllocator::idle() {
+  std::vector<std::pair<size_t, void*>> freed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_ = true;
+    // Sizes the program thread never takes first, then the largest, down to the idle budget.
+    std::vector<size_t> sizes;
+    for (auto& [size, list] : free_) sizes.push_back(size);
+    std::sort(sizes.begin(), sizes.end(), [](size_t a, size_t b) { return a > b; });
+    std::stable_partition(sizes.begin(), sizes.end(),
+                          [](size_t s) { return s < kProgramMinBytes || s > round_size(kProgramMaxBytes); });
+    for (size_t size : sizes) {
+      std::vector<void*>& list = free_[size];
+      const bool program_size = size >= kProgramMinBytes && size <= round_size(kProgramMaxBytes);
+      while (!list.empty() && (!program_size || cached_bytes_ > kIdleCachedBytes)) {
+        freed.emplace_back(size, list.back());
+        list.pop_back();
+        cached_bytes_ -= size;
+      }
+      if (list.empty()) free_.erase(size);
+    }
+  }
+  for (auto& [size, base] : freed) std::free(base);
 }
 
 void RunnerAllocator::after_fork_in_child() {
@@ -130,12 +163,15 @@ void RunnerAllocator::after_fork_in_child() {
 void RunnerAllocator::activate() {
   std::lock_guard<std::mutex> lock(mutex_);
   active_ = true;
+  idle_ = false;
 }
 
 RunnerAllocator::Stats RunnerAllocator::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
   s.cached_bytes = cached_bytes_;
+  for (const auto& [size, list] : free_)
+    if (!list.empty()) s.cached_sizes.push_back(size);
   return s;
 }
 

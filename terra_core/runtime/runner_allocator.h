@@ -10,8 +10,14 @@
 // per-size free lists of blocks that GraphRunner allocations left (whichever thread frees them),
 // and everything else goes to the allocator it wraps, unchanged (eager ops and the program
 // thread pay one thread-local check). Blocks are freed for real when the cache would exceed
-// kMaxCachedBytes and at the end of every session (`release`), so eager work after Terra keeps
-// no memory of it. Values are unaffected: ops never read memory they have not written.
+// kMaxCachedBytes. Values are unaffected: ops never read memory they have not written.
+//
+// After a session, the program thread's large blocks still come from the cache (`idle`: only the
+// sizes it takes are kept, at most kIdleCachedBytes). Freeing the whole cache at the session's end
+// (what `release` does, and did there until session 51) left glibc's heap so that eager steps
+// after it grew and trimmed the heap's top by more each step: 2-3x the page faults of the same
+// steps before the session (resnet 400-600 -> 1,000-1,800 per step) and 10-25% more time, in
+// every eager cell that followed a co-executed one (bench/results/s51_eager_after.md).
 #pragma once
 
 #include <c10/core/Allocator.h>
@@ -52,6 +58,11 @@ class RunnerAllocator final : public c10::Allocator {
   // Frees every cached block; blocks in use are freed for real when they die, until the next
   // `activate` (a session starts).
   void release();
+  // A session ended: keeps only blocks of the sizes the program thread takes
+  // (kProgramMinBytes..kProgramMaxBytes), at most kIdleCachedBytes of them (the largest freed
+  // first), until the next `activate`; other blocks are freed for real when they die.
+  void idle();
+  static constexpr size_t kIdleCachedBytes = size_t{256} << 20;
   void activate();
   // In a child made by fork(): the mutex may have been held by a thread that did not come
   // along; the child caches nothing.
@@ -60,6 +71,7 @@ class RunnerAllocator final : public c10::Allocator {
   struct Stats {
     uint64_t hits = 0, misses = 0;
     size_t cached_bytes = 0;
+    std::vector<size_t> cached_sizes;  // the size classes holding cached blocks
   };
   Stats stats();
 
@@ -78,6 +90,9 @@ class RunnerAllocator final : public c10::Allocator {
       live_;
   size_t cached_bytes_ = 0;
   bool active_ = true;
+  bool idle_ = false;  // between sessions (idle)
+  // Whether a freed block of `size` goes back to the cache (mutex_ held).
+  bool keeps(size_t size) const;
   Stats stats_;
 };
 

@@ -4,7 +4,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 namespace terra::runtime {
 namespace {
@@ -128,6 +130,79 @@ TEST_F(RunnerAllocatorTest, ReleaseFreesTheCacheAndStopsCachingUntilActivated) {
   alloc_->activate();
   at::empty({4096}).reset();
   EXPECT_GT(alloc_->stats().cached_bytes, 0u);
+}
+
+TEST_F(RunnerAllocatorTest, IdleKeepsOnlyTheProgramThreadsSizesAndTheProgramThreadTakesThem) {
+  const int64_t large = RunnerAllocator::kProgramMinBytes / 4;  // floats
+  void* large_block;
+  {
+    CachedThread cached;  // a session's GraphRunner: a small block and a large one
+    at::Tensor small = at::empty({1024});
+    at::Tensor big = at::empty({large});
+    large_block = big.data_ptr();
+  }
+  EXPECT_EQ(alloc_->stats().cached_bytes, 4096u + static_cast<size_t>(large) * 4u);
+  alloc_->idle();  // the session ended
+  const auto idle = alloc_->stats();
+  EXPECT_EQ(idle.cached_bytes, static_cast<size_t>(large) * 4u);
+  ASSERT_EQ(idle.cached_sizes.size(), 1u);
+  EXPECT_EQ(idle.cached_sizes[0], static_cast<size_t>(large) * 4u);
+  // The program thread's eager work after it takes the large block; a small block dying now is
+  // freed for real.
+  ProgramThread program;
+  at::Tensor again = at::empty({large});
+  EXPECT_EQ(again.data_ptr(), large_block);
+  {
+    CachedThread cached;
+    at::empty({1024}).reset();
+  }
+  EXPECT_EQ(alloc_->stats().cached_bytes, 0u);
+  again.reset();
+  EXPECT_EQ(alloc_->stats().cached_bytes, static_cast<size_t>(large) * 4u);
+}
+
+TEST_F(RunnerAllocatorTest, IdleKeepsAtMostItsBudgetFreeingTheLargestFirst) {
+  // Blocks of the program thread's largest and smallest sizes, more of them than the budget
+  // holds: idle frees largest ones until the rest fits, and keeps the small ones.
+  constexpr size_t kLarge = RunnerAllocator::kProgramMaxBytes, kSmall = RunnerAllocator::kProgramMinBytes;
+  std::vector<at::Tensor> blocks;
+  {
+    CachedThread cached;
+    for (size_t bytes : {kLarge, kLarge, kSmall, kSmall}) blocks.push_back(at::empty({static_cast<int64_t>(bytes)}, at::kByte));
+  }
+  // More than the budget: fill the cache past it with blocks of the largest size.
+  const size_t fill = RunnerAllocator::kIdleCachedBytes / kLarge + 1;
+  {
+    CachedThread cached;
+    for (size_t i = 0; i < fill; ++i) blocks.push_back(at::empty({static_cast<int64_t>(kLarge)}, at::kByte));
+  }
+  blocks.clear();
+  ASSERT_GT(alloc_->stats().cached_bytes, RunnerAllocator::kIdleCachedBytes);
+  alloc_->idle();
+  const auto idle = alloc_->stats();
+  EXPECT_LE(idle.cached_bytes, RunnerAllocator::kIdleCachedBytes);
+  EXPECT_GT(idle.cached_bytes, RunnerAllocator::kIdleCachedBytes - kLarge - 1);  // only what it had to
+  EXPECT_EQ(std::count(idle.cached_sizes.begin(), idle.cached_sizes.end(), kSmall), 1);  // kept
+  // Freed past the budget: a block dying now is freed for real.
+  at::Tensor more;
+  {
+    CachedThread cached;
+    more = at::empty({static_cast<int64_t>(kLarge)}, at::kByte);
+  }
+  const size_t before = alloc_->stats().cached_bytes;
+  more.reset();
+  EXPECT_LE(alloc_->stats().cached_bytes, RunnerAllocator::kIdleCachedBytes);
+  EXPECT_LE(alloc_->stats().cached_bytes, before + kLarge);
+}
+
+TEST_F(RunnerAllocatorTest, ActivateEndsIdling) {
+  alloc_->idle();
+  alloc_->activate();
+  {
+    CachedThread cached;
+    at::empty({1024}).reset();  // a small block: cached again in a session
+  }
+  EXPECT_EQ(alloc_->stats().cached_bytes, 4096u);
 }
 
 TEST_F(RunnerAllocatorTest, RawAllocationsWorkOnEveryThread) {
