@@ -238,6 +238,12 @@ def test_magics_report(kc):
     ok(kc, TRAIN.format(steps=30, extra="if step == 25: x = x * 1.5"))
     status = ok(kc, "%terra status")
     assert "co-exec" in status and "cell-" in status
+    # A loop of 1 MiB tensors leaves blocks for the eager cells after it (runner_allocator.h).
+    ok(kc, "big = torch.randn(512, 512)\nfor _ in range(3):\n    big = big * 1.0001")
+    assert "MiB of freed CPU blocks kept" in ok(kc, "%terra status")
+    ok(kc, "%terra config program_cache=off")
+    assert "MiB of freed CPU blocks" not in ok(kc, "%terra status")
+    ok(kc, "%terra config program_cache=on")
     assert "branch points" in ok(kc, "%terra graph --text")
     assert "warmup = " in ok(kc, "%terra config")
     ok(kc, "%terra config warmup=2 summary=off")

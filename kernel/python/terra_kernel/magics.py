@@ -113,6 +113,10 @@ class TerraMagics(Magics):
         terra = self._engine()
         mode = "on" if self.cells.enabled else "off"
         print(f"Terra {terra.__version__}: co-execution {mode}")
+        cached = terra.cached_memory()
+        if cached:
+            print(f"{cached / 2**20:.1f} MiB of freed CPU blocks kept for eager cells to reuse "
+                  "(%terra config program_cache=off frees them)")
         graphs = viewdata.graph_names(terra)
         if not graphs:
             print("no graphs yet: run a cell with a PyTorch loop")

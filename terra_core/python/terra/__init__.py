@@ -340,6 +340,13 @@ def stats(name=None):
     return total
 
 
+def cached_memory():
+    """Bytes of freed CPU blocks Terra's caching allocator holds now (runtime/runner_allocator.h):
+    between sessions, the blocks eager work on the thread that ran them takes again (at most 256
+    MiB); `config(program_cache=False)` frees them."""
+    return _c().allocator_counts().get("cached_bytes", 0)
+
+
 def explain(name=None):
     """Every fallback to eager execution, one entry per reason and place: reason (a sentence and
     the detail), kind (its short name, terra/policy.h's FallbackReason), op, count, source (the
