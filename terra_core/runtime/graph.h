@@ -68,6 +68,16 @@ struct Graph {
     bool absorbed = false;
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
+  // A helper's loop met inside a loop of the run function (PythonRunner::training_steps): its
+  // completed iterations there and how many of them ran a backward; `steps` once decided (-1:
+  // not yet, 1: its iterations are training steps, iterations of their own).
+  struct HelperLoop {
+    uint64_t iterations = 0, with_backward = 0;
+    uint64_t backwards_at = 0;  // PythonRunner::backwards_ at its iteration's start
+    bool open = false;          // an iteration of it is running
+    int8_t steps = -1;
+  };
+  std::unordered_map<uint64_t, HelperLoop> helper_loops;
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;

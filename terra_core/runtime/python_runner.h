@@ -325,6 +325,10 @@ class PythonRunner {
   std::vector<OpenLoop> open_loops_;  // innermost last (track_loop)
   bool track_loop(uint64_t boundary, bool helper);  // false: not an iteration boundary
   bool absorbs(uint64_t loop);  // a loop of a few ops per iteration (Graph::Root::absorbed)
+  // A helper's loop whose iterations each run a backward: training steps, iterations of their own
+  // inside a loop of the run function (Graph::HelperLoop). `exit`: the mark is the loop's exit.
+  bool training_steps(uint64_t loop, bool exit);
+  uint64_t backwards_ = 0;  // backward calls the session's thread made (on_pseudo)
   terra::Policy policy_ = terra::Policy::from_environment();
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from

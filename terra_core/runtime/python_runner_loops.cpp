@@ -87,8 +87,9 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
   // main is what the program iterates, but a model's loop over its layers or time steps, called
   // inside the training loop, is part of its iteration; marked, corpus p07's RNN time loop made
   // 4-op iterations with ragged counts: 1.53x -> 1.85x eager's time, two benchmark transformers
-  // 1.0x -> 1.2x) or when its iterations are a few ops each (absorbs).
-  if (inside_run_loop && (helper ? at == open_loops_.size() : absorbs(loop))) {
+  // 1.0x -> 1.2x) unless its iterations are training steps (training_steps), or when its
+  // iterations are a few ops each (absorbs).
+  if (inside_run_loop && (helper ? at == open_loops_.size() && !training_steps(loop, exit) : absorbs(loop))) {
     open_loops_.resize(std::min(at, open_loops_.size()));  // absorbed while it ran
     return false;
   }
@@ -100,6 +101,29 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
     return false;  // the exit of a helper loop that was not an iteration
   }
   return true;
+}
+
+bool PythonRunner::training_steps(uint64_t loop, bool exit) {
+  // A notebook's epoch loop calling a function of an earlier cell that loops over the batches
+  // (`for epoch in range(E): train_one_epoch(...)`), a run function's loop calling its file's:
+  // the helper's loop is the training loop, and as part of the epoch's iteration each epoch was
+  // one trace of every step, traced whole at least twice before co-executing (the quick-start
+  // notebook's three timed 300-step runs: 28,000 nodes, 4 traced, 0.71x eager's speed), and past
+  // Policy::max_nodes never co-executed. A model's loop over its layers runs no backward inside
+  // an iteration; a loop of training steps runs one in each. Decided after kStepsAfter completed
+  // iterations, for good; from then on each of its iterations is one.
+  constexpr uint64_t kStepsAfter = 3;
+  Graph::HelperLoop& h = graph_->helper_loops[loop];
+  if (h.steps < 0) {
+    if (h.open) {  // its iteration ended here: its next one's mark, or its exit
+      ++h.iterations;
+      h.with_backward += backwards_ != h.backwards_at;
+    }
+    h.open = !exit;
+    h.backwards_at = backwards_;
+    if (h.iterations >= kStepsAfter) h.steps = h.with_backward == h.iterations ? 1 : 0;
+  }
+  return h.steps == 1;
 }
 
 bool PythonRunner::absorbs(uint64_t loop) {

@@ -168,6 +168,7 @@ void PythonRunner::on_pseudo(OpKind kind, const char* name, torch::jit::Stack* s
   // Whichever way it runs (issued, traced, eagerly after a fallback), a backward reads what
   // autograd saved of NumPy memory as it is now (python_copies_).
   if (kind == OpKind::Backward && !python_copies_.empty()) refresh_python_copies(*stack);
+  backwards_ += kind == OpKind::Backward;
   if (mode_ == Mode::Off || mode_ == Mode::Eager) {
     excluded(stack);
     return;

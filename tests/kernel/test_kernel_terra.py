@@ -154,6 +154,19 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
     ok(kc, "%%terra off\n" + setup + "fit(net, opt, xs, 20)\n")
     assert on == ok(kc, digest)
     assert any(s["iterations_coexecuted"] >= 15 for s in graphs.values()), graphs
+    # And called from a cell's epoch loop, fit's loop of training steps is the iteration (each
+    # epoch was one trace of all its steps), the layers still part of each step.
+    ok(kc, "%terra reset")
+    epochs = "for epoch in range(4):\n    fit(net, opt, xs, 20)\n"
+    ok(kc, setup + epochs)
+    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
+    on = ok(kc, digest)
+    ok(kc, "%%terra off\n" + setup + epochs)
+    assert on == ok(kc, digest)
+    assert len(graphs) == 1, graphs
+    steps = next(iter(graphs.values()))
+    assert 4 * 20 - 3 <= iterations(steps) <= 4 * 20 + 4 * 4 + 3, steps
+    assert steps["iterations_coexecuted"] >= 50 and steps["nodes"] < 300, steps
 
 
 def test_cell_raising_mid_loop_leaves_eager_state(kc):

@@ -1352,6 +1352,62 @@ def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(p
     assert stats["iterations_coexecuted"] >= 15, stats
 
 
+EPOCH_LOOP_PROGRAM = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:  # a helper's loop inside the step: part of it
+            x = torch.tanh(layer(x))
+        return x
+
+
+def train_one_epoch(net, opt, batches, losses):
+    for x in batches:  # a helper's loop of training steps, called from main's epoch loop
+        opt.zero_grad()
+        loss = net(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+
+
+def main(epochs, steps):
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    batches = [torch.randn(4, 8) for _ in range(steps)]
+    losses = []
+    for epoch in range(epochs):
+        train_one_epoch(net, opt, batches, losses)
+        for group in opt.param_groups:
+            group["lr"] *= 0.9
+    return [p.detach() for p in net.parameters()] + losses
+'''
+
+
+def test_a_helpers_loop_of_training_steps_inside_the_run_functions_loop_is_the_iteration(program_file):
+    # main's epoch loop calls a function whose loop runs the steps (a notebook's
+    # `for epoch in range(E): train_one_epoch(...)`): each step is an iteration (each epoch was
+    # one, its whole trace traced twice before co-executing), the model's layer loop still part
+    # of the step, and every step's loss and the parameters as eager execution's.
+    module = program_file("epoch_loop_program", EPOCH_LOOP_PROGRAM)
+    expected = module.main(4, 25)
+    got = terra.run(module.main, 4, 25)
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got))
+    stats = terra.stats("main")
+    assert iterations(stats) >= 4 * 25 - 3, stats  # each step (the first epoch's first three in one)
+    # And not the layers (3 per step): per epoch, besides its steps, the epoch's own iteration
+    # and the part after the steps' loop; the entry and the tail after main's loop.
+    assert iterations(stats) <= 4 * 25 + 4 * 4 + 3, stats
+    assert stats["iterations_coexecuted"] >= 60, stats
+    assert stats["nodes"] < 400, stats  # one step's ops, not an epoch's
+
+
 def test_an_iteration_that_never_ends_stops_growing_the_graph_at_max_nodes():
     # A comprehension is not a marked loop: its 3000 adds are one iteration, every op a new node
     # (as a library's training loop would be). max_nodes was checked only where an iteration
