@@ -9,7 +9,10 @@ bench/ab.py makes one), each timing one whole call of E epochs of S steps (the q
 notebook's MLP and Adam), after one untimed eager epoch on another model (imports, the OpenMP
 pool): Terra's warm-up is in the timed call. Medians over rounds.
 
-    .venv/bin/python bench/epoch_loop.py [--base /tmp/base/build/python] [--rounds 5]
+    .venv/bin/python bench/epoch_loop.py [--shape epochs|library] [--base /tmp/base/build/python] [--rounds 5]
+
+`--shape library`: the run function calls a training loop in a module of its own
+(bench/unmarked_trainer.py), whose loops no AST pass marks, as a library's Trainer.train.
 """
 import argparse
 import json
@@ -35,34 +38,49 @@ def train_one_epoch(model, opt, loss_fn, batches):
     return loss
 
 
-def fit(epochs, steps, seed=0):
+def setup(steps, seed):
     import torch
     from torch import nn
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    loss_fn = nn.MSELoss()
     batches = [(torch.randn(64, 8), torch.randn(64, 1)) for _ in range(steps)]
+    return model, opt, nn.MSELoss(), batches
+
+
+def fit(epochs, steps, seed=0):
+    model, opt, loss_fn, batches = setup(steps, seed)
     for epoch in range(epochs):
         train_one_epoch(model, opt, loss_fn, batches)
     return [p.detach().clone() for p in model.parameters()]
 
 
-def child(mode, epochs, steps):
+def fit_library(epochs, steps, seed=0):
+    from bench import unmarked_trainer  # a module of its own: its loops are not marked
+    model, opt, loss_fn, batches = setup(steps, seed)
+    unmarked_trainer.train(model, opt, loss_fn, batches, epochs)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+SHAPES = {"epochs": fit, "library": fit_library}
+
+
+def child(mode, shape, epochs, steps):
     import torch
     torch.set_num_threads(2)
-    run = fit
+    program = SHAPES[shape]
+    run = program
     if mode == "terra":
         import terra
-        run = lambda *a: terra.run(fit, *a)  # noqa: E731
-    fit(1, steps, 1)  # eagerly, in every mode: Terra's warm-up is part of the timed call
+        run = lambda *a: terra.run(program, *a)  # noqa: E731
+    program(1, steps, 1)  # eagerly, in every mode: Terra's warm-up is part of the timed call
     t = time.perf_counter()
     params = run(epochs, steps)
     wall = time.perf_counter() - t
     out = {"wall": wall, "digest": float(sum(p.double().sum() for p in params))}
     if mode == "terra":
         import terra
-        s = terra.stats("fit")
+        s = terra.stats(program.__name__)
         out.update(iterations=sum(s[k] for k in ("iterations_traced", "iterations_coexecuted",
                                                  "iterations_fallback", "iterations_eager")),
                    coexecuted=s["iterations_coexecuted"], nodes=s["nodes"])
@@ -76,19 +94,23 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="epochs",
+                    help="epochs: the run function's epoch loop calls a helper with the batch loop; "
+                         "library: it calls a module of its own (bench/unmarked_trainer.py) whose loops "
+                         "are not marked, as a library's Trainer")
     ap.add_argument("--name", default="epoch_loop", help="results file name under bench/results")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        mode, epochs, steps = args.child
-        return child(mode, int(epochs), int(steps))
+        mode, shape, epochs, steps = args.child
+        return child(mode, shape, int(epochs), int(steps))
     builds = {"eager": ("eager", None), "this": ("terra", None)}
     if args.base:
         builds[args.base_label] = ("terra", args.base)
     runs = {b: [] for b in builds}
     for _ in range(args.rounds):
         for b, (mode, path) in builds.items():
-            runs[b].append(ab.run_child(__file__, (mode, args.epochs, args.steps), path))
+            runs[b].append(ab.run_child(__file__, (mode, args.shape, args.epochs, args.steps), path))
     digests = {r["digest"] for rs in runs.values() for r in rs}
     med = statistics.median
     eager = med(r["wall"] for r in runs["eager"])
@@ -106,12 +128,14 @@ def main():
     print("same parameters in every process:", len(digests) == 1)
     import torch
     out = ROOT / "bench" / "results" / args.name
-    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__,
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": torch.__version__, "shape": args.shape,
             "python": platform.python_version(), "rounds": args.rounds, "epochs": args.epochs,
             "steps": args.steps, "same_parameters": len(digests) == 1,
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    L = ["# An epoch loop calling a training function (bench/epoch_loop.py)", "",
+    title = {"epochs": "An epoch loop calling a training function",
+             "library": "A training loop in a module of its own (a library's)"}[args.shape]
+    L = [f"# {title} (bench/epoch_loop.py --shape {args.shape})", "",
          f"{meta['date']}, torch {meta['torch']}, 2 intra-op threads, OMP_WAIT_POLICY {meta['OMP_WAIT_POLICY']}; "
          f"{args.rounds} rounds of fresh processes, one per mode, alternated. One whole call of {args.epochs} "
          f"epochs of {args.steps} steps (MLP 8-64-64-1, Adam, batch 64), after an untimed eager epoch; "

@@ -113,6 +113,7 @@ py::object backward(py::object original, py::tuple t_outputs, py::args args, py:
     result = original(t_outputs, *args, **kwargs);
     s->clear();
   });
+  R().after_backward();
   return result;
 }
 

@@ -36,8 +36,6 @@ using namespace runner_parts;
 
 namespace {
 
-constexpr uint64_t kEntryBoundary = 1;
-
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   PythonRunner::instance().on_aten(op, ks, stack);
 }

@@ -56,6 +56,10 @@ class PythonRunner {
   // An iteration boundary; `helper`: of a loop in a function defined next to the one terra.run
   // runs, an iteration only while no loop of that function is open (track_loop).
   void mark(uint64_t boundary, bool helper = false);
+  // After a backward the program called returned (python/module.cpp): where no marked loop is
+  // open and the program keeps calling backward (a library's training loop, which no AST pass
+  // marks), each backward ends an iteration.
+  void after_backward();
   Graph* graph() const { return graph_; }
   terra::Policy& policy() { return policy_; }
   // After settings changed: between sessions, a program cache turned off stops caching at once.
@@ -329,6 +333,12 @@ class PythonRunner {
   // inside a loop of the run function (Graph::HelperLoop). `exit`: the mark is the loop's exit.
   bool training_steps(uint64_t loop, bool exit);
   uint64_t backwards_ = 0;  // backward calls the session's thread made (on_pseudo)
+  // Backward pseudo-ops executing on this thread (on_pseudo): what runs inside one is part of it.
+  static thread_local int backward_depth_;
+  uint64_t iteration_backwards_ = 0;  // backwards_ at the current iteration's start
+  // Ends the current iteration and begins one at `boundary` (an iteration that issued nothing
+  // keeps going).
+  void cut_iteration(uint64_t boundary);
   terra::Policy policy_ = terra::Policy::from_environment();
   uint32_t cur_ = 0;
   uint32_t root_node_ = UINT32_MAX;  // the marker node the current iteration started from

@@ -60,12 +60,29 @@ void PythonRunner::mark(uint64_t boundary, bool helper) {
   // nothing: iterations are the session thread's, and that thread's ops are the ones traced.
   if (mode_ == Mode::Off || std::this_thread::get_id() != owner_) return;
   if (!track_loop(boundary, helper)) return;
+  cut_iteration(boundary);
+}
+
+void PythonRunner::cut_iteration(uint64_t boundary) {
   // A loop whose iterations issue no ops (plain Python) keeps one open iteration: crossing its
   // boundary again costs a comparison. An eager iteration's ops are not followed (`cur_` stays at
   // the root), so eager iterations are cut at every mark: counted, and timed (payoff.h).
   if (boundary == boundary_ && cur_ == root_node_ && mode_ != Mode::Eager) return;
   end_iteration();
   begin_iteration(boundary);
+}
+
+void PythonRunner::after_backward() {
+  // A training loop that no AST pass marks (a library's Trainer.train, a loop in a module of
+  // its own, a comprehension) ran as one iteration: every step one more stretch of one trace,
+  // traced whole and co-executed only if it ended, past Policy::max_nodes never. Its backwards
+  // repeat: where no marked loop is open, the second backward within one iteration starts
+  // cutting, and from then on each backward ends an iteration (kBackwardBoundary: its root).
+  // An iteration is then one step's optimizer update and the next step's forward and backward.
+  if (mode_ == Mode::Off || std::this_thread::get_id() != owner_ || !open_loops_.empty() || backward_depth_ > 0)
+    return;  // (inside another backward: part of it)
+  if (boundary_ != kBackwardBoundary && backwards_ - iteration_backwards_ < 2) return;
+  cut_iteration(kBackwardBoundary);
 }
 
 bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
@@ -268,6 +285,7 @@ double PythonRunner::coexec_seconds(double span_seconds) {
 
 void PythonRunner::begin_iteration(uint64_t boundary) {
   boundary_ = boundary;
+  iteration_backwards_ = backwards_;
   added_ = diverged_ = false;
   first_new_ = kNoNode;
   iteration_start_ns_ = now_ns();
@@ -357,7 +375,9 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
   // iterations in a row: each switch costs 50-180 µs (60 class attributes set), and an outer loop
   // running eagerly around a co-executed inner one would otherwise pay two per outer iteration.
   eager_run_ = mode_ == Mode::Eager ? eager_run_ + 1 : 0;
-  const bool hold = eager_run_ > kEagerRunBeforeHold;
+  // Iterations cut at each backward need the backward pseudo-op to end them: its pass-through
+  // stays in (about 8 us per backward).
+  const bool hold = eager_run_ > kEagerRunBeforeHold && boundary_ != kBackwardBoundary;
   if (eager_hold_switch_ && hold != eager_held_) {
     eager_held_ = hold;
     eager_hold_switch_(eager_held_);

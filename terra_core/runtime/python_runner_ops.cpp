@@ -159,12 +159,28 @@ bool PythonRunner::passthrough(const c10::OperatorHandle& op) {
   return pass;
 }
 
+thread_local int PythonRunner::backward_depth_ = 0;
+
 void PythonRunner::on_pseudo(OpKind kind, const char* name, torch::jit::Stack* stack,
                              const Exec& exec) {
   auto excluded = [&exec](torch::jit::Stack* s) {
     c10::impl::ExcludeDispatchKeyGuard guard(kTerraKey);
     exec(s);
   };
+  // A backward's Python (a reentrant checkpoint's recomputation, a custom Function's backward)
+  // reading `.grad` or calling backward again is part of that backward's execution, which runs
+  // eagerly whatever the mode: it runs as called. As pseudo-ops of their own they were traced in
+  // the middle of the outer one and took its key: `torch.utils.checkpoint(..., use_reentrant=True)`
+  // raised "TraceGraph::add: key ... is in the graph already".
+  if (backward_depth_ > 0) {
+    excluded(stack);
+    return;
+  }
+  struct InBackward {
+    bool on;
+    explicit InBackward(bool b) : on(b) { backward_depth_ += on; }
+    ~InBackward() { backward_depth_ -= on; }
+  } in_backward(kind == OpKind::Backward);
   // Whichever way it runs (issued, traced, eagerly after a fallback), a backward reads what
   // autograd saved of NumPy memory as it is now (python_copies_).
   if (kind == OpKind::Backward && !python_copies_.empty()) refresh_python_copies(*stack);

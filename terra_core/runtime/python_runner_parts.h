@@ -24,6 +24,12 @@ inline constexpr c10::DispatchKey kTerraKey = PythonRunner::kHookKey;
 
 inline constexpr uint32_t kNoNode = UINT32_MAX;
 
+// Iteration boundaries that no loop mark makes: the session's entry, and the cut after each
+// backward of a training loop no AST pass marked (a library's: PythonRunner::after_backward).
+// Loop ids are even and their exits odd (terra/_loops.py); this one is even and no loop's.
+inline constexpr uint64_t kEntryBoundary = 1;
+inline constexpr uint64_t kBackwardBoundary = 0x7E77'BAC4'0000'0002ULL;
+
 
 // How far (in issued ops) the program thread may run ahead of the GraphRunner before it sleeps,
 // and how far the GraphRunner must catch up before it wakes. Far enough for a whole forward and

@@ -1408,6 +1408,80 @@ def test_a_helpers_loop_of_training_steps_inside_the_run_functions_loop_is_the_i
     assert stats["nodes"] < 400, stats  # one step's ops, not an epoch's
 
 
+LIBRARY_TRAINER = '''
+import torch
+
+
+def fit(model, opt, batches, losses):
+    """A library's training loop: its file is not the run function's, so no loop of it is marked."""
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+
+
+def fit_checkpointed(model, opt, batches, losses):
+    """The same with the model's activations recomputed in the backward (a reentrant checkpoint:
+    its backward calls backward again)."""
+    from torch.utils.checkpoint import checkpoint
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(checkpoint(model, x.requires_grad_(), use_reentrant=True), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+'''
+
+LIBRARY_USER = '''
+import torch
+import library_trainer
+
+
+def main(steps, with_loop=False, checkpointed=False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    batches = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(steps)]
+    losses = []
+    if with_loop:
+        for _ in range(2):  # a marked loop around it: its iterations stay whole
+            library_trainer.fit(model, opt, batches, losses)
+    elif checkpointed:
+        library_trainer.fit_checkpointed(model, opt, batches, losses)
+    else:
+        library_trainer.fit(model, opt, batches, losses)
+    return [p.detach() for p in model.parameters()] + losses
+'''
+
+
+def test_a_training_loop_no_pass_marks_is_cut_into_iterations_at_its_backwards(program_file):
+    # A library's Trainer.fit (a loop in a module of its own, unmarked) ran as one iteration: the
+    # whole run one trace, never co-executed. Its backwards repeat: each ends an iteration.
+    program_file("library_trainer", LIBRARY_TRAINER)
+    module = program_file("library_user", LIBRARY_USER)
+    expected = module.main(60)
+    got = terra.run(module.main, 60)
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(expected, got))
+    stats = terra.stats("main")
+    assert iterations(stats) >= 58, stats
+    assert stats["iterations_coexecuted"] >= 40, stats
+    assert stats["nodes"] < 300, stats  # about one step's ops
+    # Inside a marked loop of the run function nothing is cut: that loop is the iteration.
+    terra.reset()
+    expected = module.main(10, with_loop=True)
+    got = terra.run(module.main, 10, with_loop=True)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert iterations(terra.stats("main")) <= 4, terra.stats("main")
+    # A backward inside the backward (a reentrant checkpoint's) ends no iteration: one per step.
+    terra.reset()
+    expected = module.main(20, checkpointed=True)
+    got = terra.run(module.main, 20, checkpointed=True)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert 18 <= iterations(terra.stats("main")) <= 23, terra.stats("main")
+
+
 def test_an_iteration_that_never_ends_stops_growing_the_graph_at_max_nodes():
     # A comprehension is not a marked loop: its 3000 adds are one iteration, every op a new node
     # (as a library's training loop would be). max_nodes was checked only where an iteration

@@ -946,6 +946,31 @@ def prog_retain_clear(steps=20):
     return out
 
 
+def prog_checkpointing(steps=12):
+    # Activation checkpointing, both kinds: the reentrant one's backward reads `.grad` and calls
+    # backward again inside the step's backward (it raised "TraceGraph::add: key ... is in the
+    # graph already" until session 51); the other recomputes through saved-tensor hooks.
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(8)
+    block1 = nn.Sequential(nn.Linear(6, 12), nn.GELU(), nn.Linear(12, 6))
+    block2 = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 6))
+    head = nn.Linear(6, 1)
+    params = [*block1.parameters(), *block2.parameters(), *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=0.01)
+    x, y = torch.randn(10, 6), torch.randn(10, 1)
+    out = []
+    for i in range(steps):
+        h = checkpoint(block1, x.requires_grad_(), use_reentrant=True)
+        h = checkpoint(block2, h, use_reentrant=False)
+        loss = F.mse_loss(head(h), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((loss.detach(), x.grad.clone(), head.weight.detach().clone()))
+        x.grad = None
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -962,7 +987,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops]
+PROGRAMS = [prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops, prog_checkpointing]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)
