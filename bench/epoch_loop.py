@@ -12,7 +12,8 @@ pool): Terra's warm-up is in the timed call. Medians over rounds.
     .venv/bin/python bench/epoch_loop.py [--shape epochs|library] [--base /tmp/base/build/python] [--rounds 5]
 
 `--shape library`: the run function calls a training loop in a module of its own
-(bench/unmarked_trainer.py), whose loops no AST pass marks, as a library's Trainer.train.
+(bench/unmarked_trainer.py), whose loops no AST pass marks, as a library's Trainer.train;
+`--shape imported`: its epoch loop calls that module's function one epoch at a time.
 """
 import argparse
 import json
@@ -30,11 +31,9 @@ from bench import ab  # noqa: E402
 
 
 def train_one_epoch(model, opt, loss_fn, batches):
-    for x, y in batches:
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+    from bench import unmarked_trainer
+    for x, y in batches:  # marked (this file's): the step itself is the other module's
+        loss = unmarked_trainer.step(model, opt, loss_fn, x, y)
     return loss
 
 
@@ -62,7 +61,15 @@ def fit_library(epochs, steps, seed=0):
     return [p.detach().clone() for p in model.parameters()]
 
 
-SHAPES = {"epochs": fit, "library": fit_library}
+def fit_imported(epochs, steps, seed=0):
+    from bench import unmarked_trainer  # an imported module's epoch function (a project's utils.py)
+    model, opt, loss_fn, batches = setup(steps, seed)
+    for epoch in range(epochs):
+        unmarked_trainer.train(model, opt, loss_fn, batches, 1)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+SHAPES = {"epochs": fit, "library": fit_library, "imported": fit_imported}
 
 
 def child(mode, shape, epochs, steps):
@@ -97,7 +104,8 @@ def main():
     ap.add_argument("--shape", choices=sorted(SHAPES), default="epochs",
                     help="epochs: the run function's epoch loop calls a helper with the batch loop; "
                          "library: it calls a module of its own (bench/unmarked_trainer.py) whose loops "
-                         "are not marked, as a library's Trainer")
+                         "are not marked, as a library's Trainer; imported: the run function's epoch "
+                         "loop calls that module's training function for one epoch at a time")
     ap.add_argument("--name", default="epoch_loop", help="results file name under bench/results")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,7 +142,8 @@ def main():
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset)")}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     title = {"epochs": "An epoch loop calling a training function",
-             "library": "A training loop in a module of its own (a library's)"}[args.shape]
+             "library": "A training loop in a module of its own (a library's)",
+             "imported": "An epoch loop calling an imported module's training function"}[args.shape]
     L = [f"# {title} (bench/epoch_loop.py --shape {args.shape})", "",
          f"{meta['date']}, torch {meta['torch']}, 2 intra-op threads, OMP_WAIT_POLICY {meta['OMP_WAIT_POLICY']}; "
          f"{args.rounds} rounds of fresh processes, one per mode, alternated. One whole call of {args.epochs} "

@@ -79,9 +79,20 @@ void PythonRunner::after_backward() {
   // repeat: where no marked loop is open, the second backward within one iteration starts
   // cutting, and from then on each backward ends an iteration (kBackwardBoundary: its root).
   // An iteration is then one step's optimizer update and the next step's forward and backward.
-  if (mode_ == Mode::Off || std::this_thread::get_id() != owner_ || !open_loops_.empty() || backward_depth_ > 0)
-    return;  // (inside another backward: part of it)
-  if (boundary_ != kBackwardBoundary && backwards_ - iteration_backwards_ < 2) return;
+  // Inside a marked loop (an epoch loop calling an imported module's train_one_epoch) the
+  // iteration must have run kInLoopBackwards first: a GAN's step runs two, and its loop's
+  // iterations stay whole; that loop's later iterations are then cut at their first backward.
+  constexpr uint64_t kInLoopBackwards = 4;
+  if (mode_ == Mode::Off || std::this_thread::get_id() != owner_ || backward_depth_ > 0) return;
+  if (boundary_ != kBackwardBoundary) {
+    const uint64_t in_iteration = backwards_ - iteration_backwards_;
+    if (open_loops_.empty() ? in_iteration < 2 : in_iteration < kInLoopBackwards) {
+      auto root = graph_->roots.find(boundary_);
+      if (open_loops_.empty() || root == graph_->roots.end() || !root->second.cut_at_backward) return;
+    } else if (auto root = graph_->roots.find(boundary_); root != graph_->roots.end()) {
+      root->second.cut_at_backward = true;
+    }
+  }
   cut_iteration(kBackwardBoundary);
 }
 
