@@ -167,6 +167,24 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
     steps = next(iter(graphs.values()))
     assert 4 * 20 - 3 <= iterations(steps) <= 4 * 20 + 4 * 4 + 3, steps
     assert steps["iterations_coexecuted"] >= 50 and steps["nodes"] < 300, steps
+    # A training loop in an imported module (a library's: nothing marks it), called from a cell
+    # without a loop, is cut at its backwards: an iteration per step (it was one in all).
+    library = ("def fit(net, opt, x, steps):\n"
+               "    for _ in range(steps):\n"
+               "        opt.zero_grad()\n"
+               "        net(x).pow(2).mean().backward()\n"
+               "        opt.step()\n")
+    ok(kc, "%%terra off\nimport sys, tempfile, pathlib\n_lib = pathlib.Path(tempfile.mkdtemp())\n"
+           f"(_lib / 'libfit.py').write_text({library!r})\nsys.path.insert(0, str(_lib))\nimport libfit\n")
+    ok(kc, "%terra reset")
+    ok(kc, setup + "libfit.fit(net, opt, xs, 30)\n")
+    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
+    on = ok(kc, digest)
+    ok(kc, "%%terra off\n" + setup + "libfit.fit(net, opt, xs, 30)\n")
+    assert on == ok(kc, digest)
+    assert len(graphs) == 1, graphs
+    steps = next(iter(graphs.values()))
+    assert iterations(steps) >= 28 and steps["iterations_coexecuted"] >= 15, steps
 
 
 def test_cell_raising_mid_loop_leaves_eager_state(kc):
