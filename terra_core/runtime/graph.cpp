@@ -128,6 +128,8 @@ nlohmann::json stats_json(const Graph& g) {
           {"iterations_eager", g.iterations_eager},
           {"iterations_eager_chosen", g.iterations_eager_chosen},
           {"iterations_unsteady", g.iterations_unsteady},
+          {"iterations_cut_at_backward", g.iterations_cut_at_backward},
+          {"helper_step_loops", g.helper_step_loops},
           {"payoff", payoff_json(g.payoff)},
           {"workers_asleep", g.workers_asleep},
           {"iterations_workers_asleep", g.iterations_workers_asleep},

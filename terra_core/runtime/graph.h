@@ -81,6 +81,10 @@ struct Graph {
     int8_t steps = -1;
   };
   std::unordered_map<uint64_t, HelperLoop> helper_loops;
+  // Iterations ended at a backward (PythonRunner::after_backward) and helper loops found to be
+  // training steps (PythonRunner::training_steps): what `%terra explain` says of where iterations
+  // come from when the program's own loops did not give them.
+  uint64_t iterations_cut_at_backward = 0, helper_step_loops = 0;
   uint64_t iterations_traced = 0, iterations_coexecuted = 0, iterations_fallback = 0,
            iterations_eager = 0, iterations_eager_chosen = 0, ops_traced = 0, ops_coexecuted = 0, fetches = 0,
            host_ops = 0;

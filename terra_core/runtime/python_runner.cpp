@@ -121,6 +121,8 @@ void PythonRunner::enter(Graph* graph, PythonStack::Root root) {
   root_ = root;
   owner_ = std::this_thread::get_id();
   open_loops_.clear();
+  unmarked_loop_ = false;
+  run_backwards_at_ = backwards_;
   chosen_eager_ = false;
   iteration_mode_ = previous_mode_ = Mode::Off;
   completed_ns_ = 0;

@@ -336,6 +336,11 @@ class PythonRunner {
   // Backward pseudo-ops executing on this thread (on_pseudo): what runs inside one is part of it.
   static thread_local int backward_depth_;
   uint64_t iteration_backwards_ = 0;  // backwards_ at the current iteration's start
+  // backwards_ at the last boundary that was not a helper loop's (the session's entry, a loop of
+  // the run function), and whether the session runs a training loop no pass marks
+  // (after_backward): a helper's loops then count as inside a loop of the run function.
+  uint64_t run_backwards_at_ = 0;
+  bool unmarked_loop_ = false;
   // Ends the current iteration and begins one at `boundary` (an iteration that issued nothing
   // keeps going).
   void cut_iteration(uint64_t boundary);

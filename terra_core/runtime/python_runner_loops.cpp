@@ -60,6 +60,7 @@ void PythonRunner::mark(uint64_t boundary, bool helper) {
   // nothing: iterations are the session thread's, and that thread's ops are the ones traced.
   if (mode_ == Mode::Off || std::this_thread::get_id() != owner_) return;
   if (!track_loop(boundary, helper)) return;
+  if (!helper) run_backwards_at_ = backwards_;
   cut_iteration(boundary);
 }
 
@@ -84,15 +85,22 @@ void PythonRunner::after_backward() {
   // iterations stay whole; that loop's later iterations are then cut at their first backward.
   constexpr uint64_t kInLoopBackwards = 4;
   if (mode_ == Mode::Off || std::this_thread::get_id() != owner_ || backward_depth_ > 0) return;
+  // With no loop open the backwards are counted since the last boundary of the run function's
+  // own (not a helper's: a model's loop over its layers, defined in a cell, counts as a loop
+  // where none of the run function is open, and its iterations would have kept the count at
+  // 0); from then on a helper's loops are inside the unmarked one (track_loop).
   if (boundary_ != kBackwardBoundary) {
-    const uint64_t in_iteration = backwards_ - iteration_backwards_;
-    if (open_loops_.empty() ? in_iteration < 2 : in_iteration < kInLoopBackwards) {
+    if (open_loops_.empty()) {
+      if (backwards_ - run_backwards_at_ < 2) return;
+      unmarked_loop_ = true;
+    } else if (backwards_ - iteration_backwards_ < kInLoopBackwards) {
       auto root = graph_->roots.find(boundary_);
-      if (open_loops_.empty() || root == graph_->roots.end() || !root->second.cut_at_backward) return;
+      if (root == graph_->roots.end() || !root->second.cut_at_backward) return;
     } else if (auto root = graph_->roots.find(boundary_); root != graph_->roots.end()) {
       root->second.cut_at_backward = true;
     }
   }
+  ++graph_->iterations_cut_at_backward;
   cut_iteration(kBackwardBoundary);
 }
 
@@ -107,7 +115,8 @@ bool PythonRunner::track_loop(uint64_t boundary, bool helper) {
   const bool exit = (boundary & 1) != 0;
   const uint64_t loop = exit ? boundary ^ kLoopExit : boundary;
   const size_t at = open(loop);
-  bool inside_run_loop = false;  // inside another loop of the run function (of the cell)
+  // Inside another loop of the run function (of the cell), or a training loop no pass marks.
+  bool inside_run_loop = unmarked_loop_;
   for (const OpenLoop& l : open_loops_)
     if (!l.helper && l.id != loop) inside_run_loop = true;
   // Inside a loop of the run function, a loop is part of that loop's iteration when it is a
@@ -149,7 +158,10 @@ bool PythonRunner::training_steps(uint64_t loop, bool exit) {
     }
     h.open = !exit;
     h.backwards_at = backwards_;
-    if (h.iterations >= kStepsAfter) h.steps = h.with_backward == h.iterations ? 1 : 0;
+    if (h.iterations >= kStepsAfter) {
+      h.steps = h.with_backward == h.iterations ? 1 : 0;
+      graph_->helper_step_loops += h.steps;
+    }
   }
   return h.steps == 1;
 }

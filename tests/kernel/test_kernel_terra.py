@@ -167,6 +167,8 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
     steps = next(iter(graphs.values()))
     assert 4 * 20 - 3 <= iterations(steps) <= 4 * 20 + 4 * 4 + 3, steps
     assert steps["iterations_coexecuted"] >= 50 and steps["nodes"] < 300, steps
+    assert steps["helper_step_loops"] == 1, steps  # fit's loop; the layers' loop stays in the step
+    assert "each of their iterations is one (training steps)" in ok(kc, "%terra explain")
     # A training loop in an imported module (a library's: nothing marks it), called from a cell
     # without a loop, is cut at its backwards: an iteration per step (it was one in all).
     library = ("def fit(net, opt, x, steps):\n"
@@ -185,6 +187,8 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
     assert len(graphs) == 1, graphs
     steps = next(iter(graphs.values()))
     assert iterations(steps) >= 28 and steps["iterations_coexecuted"] >= 15, steps
+    assert steps["iterations_cut_at_backward"] >= 25, steps
+    assert "ended at a backward: a training loop Terra does not mark" in ok(kc, "%terra explain")
 
 
 def test_cell_raising_mid_loop_leaves_eager_state(kc):

@@ -1449,9 +1449,23 @@ import torch
 import library_trainer
 
 
-def main(steps, with_loop=False, checkpointed=False, gan_like=False):
+class Layered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        for layer in self.layers:  # a helper's loop (this file's), inside the library's loop
+            x = torch.tanh(layer(x))
+        return self.head(x)
+
+
+def main(steps, with_loop=False, checkpointed=False, gan_like=False, layered=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if layered:
+        model = Layered()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     batches = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(steps)]
     losses = []
@@ -1494,6 +1508,16 @@ def test_a_training_loop_no_pass_marks_is_cut_into_iterations_at_its_backwards(p
     got = terra.run(module.main, 20, gan_like=True)
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
     assert iterations(terra.stats("main")) <= 20 + 3, terra.stats("main")
+    # A model whose forward loops over its layers in a marked loop: those loops counted as the
+    # iterations where no loop of the run function was open (3 per step, the backward count
+    # reset by each); inside the library's loop they are part of its step.
+    terra.reset()
+    expected = module.main(30, layered=True)
+    got = terra.run(module.main, 30, layered=True)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    stats = terra.stats("main")
+    assert 28 <= iterations(stats) <= 30 + 3 * 2 + 3, stats
+    assert stats["iterations_cut_at_backward"] >= 27, stats
     # A backward inside the backward (a reentrant checkpoint's) ends no iteration: one per step.
     terra.reset()
     expected = module.main(20, checkpointed=True)

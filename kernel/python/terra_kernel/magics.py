@@ -178,6 +178,9 @@ class TerraMagics(Magics):
             if line:
                 found = True
                 print(f"{self.cells.labels.get(name, name)}: {line}")
+            line = iterations_line(stats)
+            if line:  # not a fallback: how the iterations were found
+                print(f"{self.cells.labels.get(name, name)}: {line}")
         if not found:
             print("Terra: no fallbacks: every traced path was co-executed as recorded")
         for name in names:
@@ -289,6 +292,19 @@ def dispatch_line(stats):
         return None
     ops = ", ".join(f"{name} ({count})" for name, count in top[:5])
     return f"fast path: {fast_share(stats)} of co-executed ops; through the dispatcher most often: {ops}"
+
+
+def iterations_line(stats):
+    """Where a graph's iterations came from when the program's own loops did not give them
+    (runtime/python_runner_loops.cpp), or None."""
+    parts = []
+    if stats.get("helper_step_loops"):
+        parts.append(f"{stats['helper_step_loops']} loop(s) of a function called inside this cell's loop "
+                     "run a backward in each iteration: each of their iterations is one (training steps)")
+    if stats.get("iterations_cut_at_backward"):
+        parts.append(f"{stats['iterations_cut_at_backward']} iteration(s) ended at a backward: a training "
+                     "loop Terra does not mark (a library's, an imported module's) runs here")
+    return "iterations: " + "; ".join(parts) if parts else None
 
 
 def replay_line(stats):
