@@ -141,28 +141,25 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
     digest = "%%terra off\nprint(_digest(net.state_dict()))\n"  # _digest's loop: not counted
     iterations = lambda s: sum(s[k] for k in ("iterations_traced", "iterations_coexecuted",
                                               "iterations_fallback", "iterations_eager"))
-    ok(kc, setup + loop)
-    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
-    on = ok(kc, digest)
-    ok(kc, "%%terra off\n" + setup + loop)
-    assert on == ok(kc, digest)
+
+    def both_ways(code):
+        """`code` under Terra after `%terra reset`, then eagerly: the same final weights; the
+        graphs that ran ops."""
+        ok(kc, "%terra reset")
+        ok(kc, setup + code)
+        graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
+        on = ok(kc, digest)
+        ok(kc, "%%terra off\n" + setup + code)
+        assert on == ok(kc, digest)
+        return graphs
+
+    graphs = both_ways(loop)
     assert len(graphs) == 1 and iterations(next(iter(graphs.values()))) <= 20 + 3, graphs
-    ok(kc, "%terra reset")
-    ok(kc, setup + "fit(net, opt, xs, 20)\n")
-    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
-    on = ok(kc, digest)
-    ok(kc, "%%terra off\n" + setup + "fit(net, opt, xs, 20)\n")
-    assert on == ok(kc, digest)
+    graphs = both_ways("fit(net, opt, xs, 20)\n")
     assert any(s["iterations_coexecuted"] >= 15 for s in graphs.values()), graphs
     # And called from a cell's epoch loop, fit's loop of training steps is the iteration (each
     # epoch was one trace of all its steps), the layers still part of each step.
-    ok(kc, "%terra reset")
-    epochs = "for epoch in range(4):\n    fit(net, opt, xs, 20)\n"
-    ok(kc, setup + epochs)
-    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
-    on = ok(kc, digest)
-    ok(kc, "%%terra off\n" + setup + epochs)
-    assert on == ok(kc, digest)
+    graphs = both_ways("for epoch in range(4):\n    fit(net, opt, xs, 20)\n")
     assert len(graphs) == 1, graphs
     steps = next(iter(graphs.values()))
     assert 4 * 20 - 3 <= iterations(steps) <= 4 * 20 + 4 * 4 + 3, steps
@@ -178,12 +175,7 @@ def test_loops_of_cell_functions_count_where_no_cell_loop_is_open(kc):
                "        opt.step()\n")
     ok(kc, "%%terra off\nimport sys, tempfile, pathlib\n_lib = pathlib.Path(tempfile.mkdtemp())\n"
            f"(_lib / 'libfit.py').write_text({library!r})\nsys.path.insert(0, str(_lib))\nimport libfit\n")
-    ok(kc, "%terra reset")
-    ok(kc, setup + "libfit.fit(net, opt, xs, 30)\n")
-    graphs = {n: s for n, s in stats(kc).items() if s["ops_traced"] + s["ops_coexecuted"]}
-    on = ok(kc, digest)
-    ok(kc, "%%terra off\n" + setup + "libfit.fit(net, opt, xs, 30)\n")
-    assert on == ok(kc, digest)
+    graphs = both_ways("libfit.fit(net, opt, xs, 30)\n")
     assert len(graphs) == 1, graphs
     steps = next(iter(graphs.values()))
     assert iterations(steps) >= 28 and steps["iterations_coexecuted"] >= 15, steps
