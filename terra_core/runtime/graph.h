@@ -66,9 +66,6 @@ struct Graph {
     // of a few ops per iteration, part of the enclosing loop's iteration (PythonRunner::absorbs).
     uint64_t iterations_seen = 0, ops_seen = 0;
     bool absorbed = false;
-    // Its iterations are cut at each backward (PythonRunner::after_backward): a marked loop
-    // around a training loop no pass marks.
-    bool cut_at_backward = false;
   };
   std::unordered_map<uint64_t, Root> roots;  // iteration boundary id -> its marker node
   // A helper's loop met inside a loop of the run function (PythonRunner::training_steps): its

@@ -338,7 +338,8 @@ class PythonRunner {
   uint64_t iteration_backwards_ = 0;  // backwards_ at the current iteration's start
   // backwards_ at the last boundary that was not a helper loop's (the session's entry, a loop of
   // the run function), and whether the session runs a training loop no pass marks
-  // (after_backward): a helper's loops then count as inside a loop of the run function.
+  // (after_backward): each backward then ends an iteration, and a helper's loops count as
+  // inside a loop of the run function.
   uint64_t run_backwards_at_ = 0;
   bool unmarked_loop_ = false;
   // Ends the current iteration and begins one at `boundary` (an iteration that issued nothing

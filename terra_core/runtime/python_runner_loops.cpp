@@ -77,28 +77,21 @@ void PythonRunner::after_backward() {
   // A training loop that no AST pass marks (a library's Trainer.train, a loop in a module of
   // its own, a comprehension) ran as one iteration: every step one more stretch of one trace,
   // traced whole and co-executed only if it ended, past Policy::max_nodes never. Its backwards
-  // repeat: where no marked loop is open, the second backward within one iteration starts
-  // cutting, and from then on each backward ends an iteration (kBackwardBoundary: its root).
-  // An iteration is then one step's optimizer update and the next step's forward and backward.
-  // Inside a marked loop (an epoch loop calling an imported module's train_one_epoch) the
-  // iteration must have run kInLoopBackwards first: a GAN's step runs two, and its loop's
-  // iterations stay whole; that loop's later iterations are then cut at their first backward.
+  // repeat: where no marked loop is open, the second backward since the run function's last
+  // boundary finds it, and from then on each backward ends an iteration (kBackwardBoundary: its
+  // root). An iteration is then one step's optimizer update and the next step's forward and
+  // backward. (Not since the iteration's start: a model's loop over its layers, defined in a
+  // cell, counts as a loop where none of the run function is open, and its iterations would have
+  // kept that count at 0; once the unmarked loop is found a helper's loops are inside it,
+  // track_loop.) Inside a marked loop (an epoch loop calling an imported module's
+  // train_one_epoch) the iteration must have run kInLoopBackwards first: a GAN's step runs two,
+  // and its loop's iterations stay whole.
   constexpr uint64_t kInLoopBackwards = 4;
   if (mode_ == Mode::Off || std::this_thread::get_id() != owner_ || backward_depth_ > 0) return;
-  // With no loop open the backwards are counted since the last boundary of the run function's
-  // own (not a helper's: a model's loop over its layers, defined in a cell, counts as a loop
-  // where none of the run function is open, and its iterations would have kept the count at
-  // 0); from then on a helper's loops are inside the unmarked one (track_loop).
-  if (boundary_ != kBackwardBoundary) {
-    if (open_loops_.empty()) {
-      if (backwards_ - run_backwards_at_ < 2) return;
-      unmarked_loop_ = true;
-    } else if (backwards_ - iteration_backwards_ < kInLoopBackwards) {
-      auto root = graph_->roots.find(boundary_);
-      if (root == graph_->roots.end() || !root->second.cut_at_backward) return;
-    } else if (auto root = graph_->roots.find(boundary_); root != graph_->roots.end()) {
-      root->second.cut_at_backward = true;
-    }
+  if (!unmarked_loop_) {
+    const bool in_loop = !open_loops_.empty();
+    if (backwards_ - (in_loop ? iteration_backwards_ : run_backwards_at_) < (in_loop ? kInLoopBackwards : 2)) return;
+    unmarked_loop_ = true;
   }
   ++graph_->iterations_cut_at_backward;
   cut_iteration(kBackwardBoundary);

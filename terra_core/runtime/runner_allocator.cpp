@@ -27,6 +27,11 @@ size_t round_size(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+// A size class the program thread takes from the cache (allocate's Use::Large), rounded.
+bool program_sized(size_t size) {
+  return size >= RunnerAllocator::kProgramMinBytes && size <= round_size(RunnerAllocator::kProgramMaxBytes);
+}
+
 }  // namespace
 
 RunnerAllocator& RunnerAllocator::install() {
@@ -125,32 +130,31 @@ void RunnerAllocator::release() {
 bool RunnerAllocator::keeps(size_t size) const {
   if (!active_) return false;
   if (!idle_) return cached_bytes_ + size <= kMaxCachedBytes;
-  return size >= kProgramMinBytes && size <= round_size(kProgramMaxBytes) && cached_bytes_ + size <= kIdleCachedBytes;
+  return program_sized(size) && cached_bytes_ + size <= kIdleCachedBytes;
 }
 
 void RunnerAllocator::idle() {
-  std::vector<std::pair<size_t, void*>> freed;
+  std::vector<void*> freed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     idle_ = true;
-    // Sizes the program thread never takes first, then the largest, down to the idle budget.
+    // Sizes the program thread never takes, then the largest, down to the idle budget.
     std::vector<size_t> sizes;
     for (auto& [size, list] : free_) sizes.push_back(size);
-    std::sort(sizes.begin(), sizes.end(), [](size_t a, size_t b) { return a > b; });
-    std::stable_partition(sizes.begin(), sizes.end(),
-                          [](size_t s) { return s < kProgramMinBytes || s > round_size(kProgramMaxBytes); });
+    std::sort(sizes.begin(), sizes.end(), [](size_t a, size_t b) {
+      return program_sized(a) != program_sized(b) ? !program_sized(a) : a > b;
+    });
     for (size_t size : sizes) {
       std::vector<void*>& list = free_[size];
-      const bool program_size = size >= kProgramMinBytes && size <= round_size(kProgramMaxBytes);
-      while (!list.empty() && (!program_size || cached_bytes_ > kIdleCachedBytes)) {
-        freed.emplace_back(size, list.back());
+      while (!list.empty() && (!program_sized(size) || cached_bytes_ > kIdleCachedBytes)) {
+        freed.push_back(list.back());
         list.pop_back();
         cached_bytes_ -= size;
       }
       if (list.empty()) free_.erase(size);
     }
   }
-  for (auto& [size, base] : freed) std::free(base);
+  for (void* base : freed) std::free(base);
 }
 
 void RunnerAllocator::after_fork_in_child() {

@@ -1305,7 +1305,9 @@ def test_functions_without_loops_are_not_instrumented_and_no_loop_is_missed(prog
     assert skipped >= 10, skipped  # the bench programs' constructors and forwards
     assert module.for_loop([3, 4]) == terra.run(module.for_loop, [3, 4]) == 3
 
-LAYER_LOOP_PROGRAM = '''
+# A model whose forward loops over its layers: in a program's file, a helper's loop (part of the
+# training step where a loop of the run function is open).
+LAYERED_NET = '''
 import torch
 
 
@@ -1315,10 +1317,12 @@ class Net(torch.nn.Module):
         self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
 
     def forward(self, x):
-        for layer in self.layers:  # a helper's loop, called inside main's training loop
+        for layer in self.layers:
             x = torch.tanh(layer(x))
         return x
+'''
 
+LAYER_LOOP_PROGRAM = LAYERED_NET + '''
 
 def main(steps):
     torch.manual_seed(0)
@@ -1352,20 +1356,7 @@ def test_a_helpers_loop_inside_the_run_functions_loop_is_part_of_its_iteration(p
     assert stats["iterations_coexecuted"] >= 15, stats
 
 
-EPOCH_LOOP_PROGRAM = '''
-import torch
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
-
-    def forward(self, x):
-        for layer in self.layers:  # a helper's loop inside the step: part of it
-            x = torch.tanh(layer(x))
-        return x
-
+EPOCH_LOOP_PROGRAM = LAYERED_NET + '''
 
 def train_one_epoch(net, opt, batches, losses):
     for x in batches:  # a helper's loop of training steps, called from main's epoch loop
@@ -1444,28 +1435,16 @@ def two_backwards(model, opt, x, y, losses):
         losses.append(loss.detach())
 '''
 
-LIBRARY_USER = '''
-import torch
+LIBRARY_USER = LAYERED_NET + '''
 import library_trainer
-
-
-class Layered(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
-        self.head = torch.nn.Linear(8, 1)
-
-    def forward(self, x):
-        for layer in self.layers:  # a helper's loop (this file's), inside the library's loop
-            x = torch.tanh(layer(x))
-        return self.head(x)
 
 
 def main(steps, with_loop=False, checkpointed=False, gan_like=False, layered=False):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    if layered:
-        model = Layered()
+    if layered:  # a forward with a marked loop over its layers, inside the library's loop
+        model = torch.nn.Sequential(Net(), torch.nn.Linear(8, 1))
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     batches = [(torch.randn(16, 8), torch.randn(16, 1)) for _ in range(steps)]
     losses = []
