@@ -21,6 +21,7 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/utils/python_numbers.h>
 
+#include <algorithm>
 #include <array>
 #include <iterator>
 #include <optional>
@@ -91,7 +92,11 @@ struct Entry {
   const c10::OperatorHandle* with_arguments_handle = nullptr;
   PyObject* original = nullptr;
   const c10::OperatorHandle* handle = nullptr;
-  PyMethodDef def{};
+  PyMethodDef def{};  // Tensor methods: the replacement's
+  // Functions: the original's own vectorcall (null for METH_VARARGS, PyTorch's bindings) and
+  // whether this entry is the one that swaps it (F.conv2d is torch.conv2d: two entries, one object).
+  vectorcallfunc original_vectorcall = nullptr;
+  bool swaps = false;
 };
 
 #define TERRA_METHOD(name, op, ov, form, numbers, dunder) \
@@ -532,7 +537,13 @@ const c10::OperatorHandle* build(const Entry& e, PyObject* self, PyObject* const
 
 PyObject* call_original(const Entry& e, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                         PyObject* kwnames) {
-  if (e.owner != Owner::Tensor) return PyObject_Vectorcall(e.original, args, static_cast<size_t>(nargs), kwnames);
+  if (e.owner != Owner::Tensor) {
+    // The function object itself now calls the entry point (its vectorcall slot is swapped): its
+    // original behaviour is its own vectorcall, or for PyTorch's METH_VARARGS bindings (which have
+    // none) the type's tp_call, which calls the method definition without looking at the slot.
+    if (e.original_vectorcall) return e.original_vectorcall(e.original, args, static_cast<size_t>(nargs), kwnames);
+    return _PyObject_MakeTpCall(PyThreadState_Get(), e.original, args, nargs, kwnames);
+  }
   const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   PyObject* small[8];
   std::vector<PyObject*> large;
@@ -580,19 +591,33 @@ PyObject* entry_point(PyObject* self, PyObject* const* args, Py_ssize_t nargs, P
   return result;
 }
 
+// A function's entry point as its vectorcall slot calls it (the function object is `callable`).
+template <size_t I>
+PyObject* function_entry_point(PyObject* /*callable*/, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  return entry_point<I>(nullptr, args, PyVectorcall_NARGS(nargsf), kwnames);
+}
+
 template <size_t... I>
 constexpr std::array<PyCFunction, sizeof...(I)> make_entry_points(std::index_sequence<I...>) {
   return {reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_point<I>))...};
 }
 
-const auto entry_points = make_entry_points(std::make_index_sequence<std::extent_v<decltype(entries)>>());
+template <size_t... I>
+constexpr std::array<vectorcallfunc, sizeof...(I)> make_function_entry_points(std::index_sequence<I...>) {
+  return {&function_entry_point<I>...};
+}
+
+constexpr auto kEntryIndices = std::make_index_sequence<std::extent_v<decltype(entries)>>();
+const auto entry_points = make_entry_points(kEntryIndices);
+const auto function_entry_points = make_function_entry_points(kEntryIndices);
+bool entries_made = false;
 
 }  // namespace
 
 pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch_module,
                                  pybind11::handle functional) {
   static auto& made = *new pybind11::list();  // never destroyed: it outlives the interpreter
-  if (!made.empty()) return made;
+  if (entries_made) return made;
   plain_types[0] = reinterpret_cast<PyTypeObject*>(tensor.ptr());
   plain_types[1] = reinterpret_cast<PyTypeObject*>(
       pybind11::object(pybind11::module_::import("torch.nn").attr("Parameter")).release().ptr());
@@ -612,17 +637,40 @@ pybind11::list fast_path_entries(pybind11::handle tensor, pybind11::handle torch
     if (e.with_arguments)
       e.with_arguments_handle =
           new c10::OperatorHandle(c10::Dispatcher::singleton().findSchemaOrThrow(e.op, e.with_arguments));
+    if (e.owner != Owner::Tensor) {
+      if (!PyCFunction_Check(e.original))
+        throw std::runtime_error(std::string("fast path: ") + e.name + " is not a builtin function");
+      e.original_vectorcall = reinterpret_cast<PyCFunctionObject*>(e.original)->vectorcall;
+      e.swaps = std::none_of(entries, entries + i, [&](const Entry& o) { return o.swaps && o.original == e.original; });
+      continue;
+    }
     e.def = PyMethodDef{e.name, entry_points[i], METH_FASTCALL | METH_KEYWORDS, nullptr};
     PyObject* doc = PyObject_GetAttrString(e.original, "__doc__");
     if (doc && PyUnicode_Check(doc)) e.def.ml_doc = PyUnicode_AsUTF8(doc);  // kept alive below
-    PyObject* fn = e.owner == Owner::Tensor
-                       ? PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(tensor.ptr()), &e.def)
-                       : PyCFunction_NewEx(&e.def, nullptr, nullptr);
+    PyObject* fn = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(tensor.ptr()), &e.def);
     if (!fn) throw pybind11::error_already_set();
     made.append(pybind11::make_tuple(pybind11::handle(owner), e.name,
                                      pybind11::reinterpret_steal<pybind11::object>(fn)));
   }
+  entries_made = true;
   return made;
+}
+
+void set_fast_path_functions(bool on) {
+  if (!entries_made) throw std::logic_error("set_fast_path_functions before fast_path_entries");
+  for (size_t i = 0; i < std::size(entries); ++i) {
+    const Entry& e = entries[i];
+    if (!e.swaps) continue;
+    reinterpret_cast<PyCFunctionObject*>(e.original)->vectorcall =
+        on ? function_entry_points[i] : e.original_vectorcall;
+  }
+}
+
+bool fast_path_functions_on() {
+  for (size_t i = 0; i < std::size(entries); ++i)
+    if (entries[i].swaps)
+      return reinterpret_cast<PyCFunctionObject*>(entries[i].original)->vectorcall == function_entry_points[i];
+  return false;
 }
 
 }  // namespace terra::python

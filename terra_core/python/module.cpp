@@ -377,8 +377,13 @@ PYBIND11_MODULE(_C, m) {
     R().set_eager_hold_switch([hold](bool held) { hold(held); });
   }, "The function that takes the session's pass-through entry points out while a loop runs "
      "eagerly (True) and puts them back (False): terra/_patches.py eager_hold.");
+  m.def("set_fast_path_functions", &terra::python::set_fast_path_functions,
+        "Puts the fast path of torch functions in (True) or takes it out, keeping every function "
+        "object as it is (python/fast_path.h); after fast_path_entries.");
+  m.def("fast_path_functions_on", &terra::python::fast_path_functions_on,
+        "Whether the torch functions' fast path is in.");
   m.def("fast_path_entries", &terra::python::fast_path_entries,
-        "(owner, name, replacement) for each C fast-path entry point (python/fast_path.cpp).");
+        "(owner, name, replacement) for each Tensor method of the C fast path (python/fast_path.cpp).");
   m.def("graphs", [] {
     py::list names;
     for (auto& [name, g] : R().graphs()) names.append(name);

@@ -12,10 +12,14 @@ namespace terra::runtime {
 
 namespace {
 
-// A custom Function's node (torch::autograd::PyNode). libtorch_python does not export that
-// class's type_info, so it is recognised by the (Itanium-mangled) name of the dynamic type.
+// A custom Function's node (torch::autograd::PyNode), or TorchScript's backward of a graph it
+// differentiated (torch::jit's DifferentiableGraphBackward, in an anonymous namespace: its graph
+// may call Python, `@torch.jit.ignore`d functions). Neither class's type_info is exported, so
+// they are recognised by the (Itanium-mangled) name of the dynamic type.
 bool is_python_function(const torch::autograd::Node& n) {
-  return std::strcmp(typeid(n).name(), "N5torch8autograd6PyNodeE") == 0;
+  const char* name = typeid(n).name();
+  return std::strcmp(name, "N5torch8autograd6PyNodeE") == 0 ||
+         std::strstr(name, "DifferentiableGraphBackward") != nullptr;
 }
 
 }  // namespace

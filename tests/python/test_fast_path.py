@@ -306,6 +306,66 @@ def test_entry_points_are_replaced_in_a_session_and_restored_after():
         assert key[0].__dict__.get(key[1], None) is original, key  # restored exactly
 
 
+
+FUNCTIONS = {"torch.relu": torch.relu, "torch.add": torch.add, "F.linear": F.linear, "F.gelu": F.gelu,
+             "F.conv2d": F.conv2d, "torch.conv2d": torch.conv2d, "torch.embedding": torch.embedding,
+             "_VF.dropout": torch._VF.dropout}
+
+
+def test_torch_functions_keep_their_identity_and_take_the_fast_path_in_a_session():
+    # TorchScript's builtin table and TorchDynamo's rules know torch functions by identity: the
+    # fast path of a function is its own object's call slot, not a replacement object.
+    relu, linear = torch.relu, F.linear  # held before the session, as `from torch import relu` does
+
+    def prog(x, w, steps=6):
+        seen, out = [], []
+        for _ in range(steps):
+            seen.append(all(getattr(o, n) is FUNCTIONS[f"{p}.{n}"] for p, o, n in
+                            (("torch", torch, "relu"), ("torch", torch, "add"), ("F", F, "linear"),
+                             ("F", F, "gelu"), ("F", F, "conv2d"), ("torch", torch, "conv2d"),
+                             ("torch", torch, "embedding"), ("_VF", torch._VF, "dropout"))))
+            seen.append(_C.fast_path_functions_on())
+            out.append(linear(relu(x), w))
+        return seen, out
+
+    x, w = torch.rand(4, 3) - 0.5, torch.rand(5, 3)
+    eager = prog(x, w)[1]
+    seen, out = terra.run(prog, x, w)
+    assert all(seen), seen
+    assert same(flat(out), flat(eager))
+    s = terra.stats(prog.__qualname__)
+    assert s["iterations_coexecuted"] >= 3 and s["ops_fast"] >= 2 * s["iterations_coexecuted"], s
+    assert not _C.fast_path_functions_on()  # out again after the session
+
+
+def test_compilers_inside_a_session_see_torch_functions():
+    # torch.jit.script raised "Python builtin <built-in function linear> is currently not
+    # supported in Torchscript" in a session, and TorchDynamo broke its graph at F.linear.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.l(x)) * 2
+
+    def prog(steps=4):
+        torch.manual_seed(0)
+        scripted, compiled = torch.jit.script(Net()), torch.compile(Net(), backend="eager")
+        x = torch.rand(3, 4)
+        return [(scripted(x), compiled(x)) for _ in range(steps)]
+
+    eager = prog()
+    torch._dynamo.reset()
+    counters.clear()
+    out = terra.run(prog)
+    assert same(flat(out), flat(eager))
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+
 class Logged(torch.Tensor):
     calls = 0
 

@@ -7,10 +7,14 @@ accumulation, NumPy memory changed from Python. Written in session 43, where the
 bugs (batch_norm's running statistics, indexing beside full slices, NumPy memory saved for the
 backward, torch.func transforms, sparse gradients, complex scalars in recorded blocks). Session 44
 added gradients cleared (`.grad = None`) between two backwards, by hand for a varying set, and
-around a retained graph: those writes run outside the replayed blocks since then."""
+around a retained graph: those writes run outside the replayed blocks since then. Session 52 added
+compilers inside the loop (TorchScript scripting and tracing, torch.compile, torch.fx), an
+optimizer stepped in post-accumulate-grad hooks, anomaly mode, forward-mode AD and
+parametrizations: scripting raised and a scripted module's backward failed until then."""
 import copy
 import io
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -971,6 +975,169 @@ def prog_checkpointing(steps=12):
     return out
 
 
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.l(x)) * 2
+
+
+def prog_torchscript(steps=10):
+    # A module scripted inside the session (its F.linear and torch.relu are looked up by identity
+    # in TorchScript's builtin table) and trained: from its third call the graph executor makes a
+    # backward node of its own holding saved values (DifferentiableGraphBackward). Scripting
+    # raised "Python builtin <built-in function linear> is currently not supported" until session
+    # 52, and the backward "Cannot access data pointer of Tensor that doesn't have storage".
+    torch.manual_seed(6)
+    m = torch.jit.script(_Scaled())
+
+    @torch.jit.script
+    def swish(a):
+        return a * torch.sigmoid(a)
+
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    out = []
+    for i in range(steps):
+        loss = swish(m(x)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((loss.detach(), m.l.weight.detach().clone()))
+    return out
+
+
+def prog_jit_trace(steps=8):
+    # torch.jit.trace of the model mid-loop, then training the traced module (the tracer records
+    # the ops the program's thread runs: none may go to the GraphRunner).
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    out, m = [], model
+    for i in range(steps):
+        if i == 3:
+            m = torch.jit.trace(model, x)
+            out.append(m.graph.str().count("aten::linear"))
+        loss = m(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out
+
+
+def prog_compiled_module(steps=6):
+    # torch.compile'd model (TorchDynamo knows torch functions by identity) trained in the loop.
+    torch.manual_seed(10)
+    model = nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 1))
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    x, y = torch.randn(8, 5), torch.randn(8, 1)
+    out = []
+    for i in range(steps):
+        loss = F.mse_loss(compiled(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((loss.detach(), model[0].weight.detach().clone()))
+    return out
+
+
+def prog_fx_traced(steps=8):
+    torch.manual_seed(14)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    out, gm = [], model
+    for i in range(steps):
+        if i == 2:
+            gm = torch.fx.symbolic_trace(model)
+            out.append(len(gm.graph.nodes))
+        loss = gm(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.detach())
+    return out
+
+
+def prog_optimizer_in_backward(steps=12):
+    # Each parameter stepped by its own optimizer in a post-accumulate-grad hook.
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 1))
+    opts = {p: torch.optim.SGD([p], lr=0.05, momentum=0.9) for p in model.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    x, y = torch.randn(8, 5), torch.randn(8, 1)
+    out = []
+    for i in range(steps):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        out.append((loss.detach(), model[0].weight.detach().clone()))
+    return out
+
+
+def prog_anomaly_mode(steps=10):
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 5), torch.randn(8, 1)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled"
+        with torch.autograd.detect_anomaly():
+            for i in range(steps):
+                opt.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                out.append(loss.detach())
+    return out
+
+
+def prog_forward_ad(steps=10):
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(3)
+    w = torch.randn(5, 5, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.01)
+    x = torch.randn(4, 5)
+    out = []
+    for i in range(steps):
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, torch.ones_like(x))
+            jvp = fwAD.unpack_dual(torch.tanh(dual @ w.detach())).tangent
+        loss = (torch.tanh(x @ w) ** 2).sum() + jvp.sum() * 0.01
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((loss.detach(), jvp.clone()))
+    return out
+
+
+def prog_parametrizations(steps=10):
+    from torch.nn.utils.parametrizations import orthogonal, weight_norm
+    torch.manual_seed(9)
+    l1, l2 = weight_norm(nn.Linear(5, 8)), orthogonal(nn.Linear(8, 8))
+    opt = torch.optim.Adam([*l1.parameters(), *l2.parameters()], lr=0.01, fused=True)
+    x = torch.randn(4, 5)
+    out = []
+    for i in range(steps):
+        loss = l2(torch.tanh(l1(x))).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((loss.detach(), l2.weight.detach().clone()))
+    return out
+
+
 def flat(o):
     if isinstance(o, torch.Tensor):
         return [o]
@@ -987,7 +1154,8 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops, prog_checkpointing]
+PROGRAMS = [prog_torchscript, prog_jit_trace, prog_compiled_module, prog_fx_traced, prog_optimizer_in_backward,
+            prog_anomaly_mode, prog_forward_ad, prog_parametrizations, prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops, prog_checkpointing]
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__)

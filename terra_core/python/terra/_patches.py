@@ -46,14 +46,14 @@ def _made_once(factory):
     """`factory(original, *options)`, made once per original object and options: every session
     installs the same wrappers. (Making them, about 70 `functools.wraps`, cost every terra.run and
     every cell about 0.3 ms.) A replacement the program made between sessions is a new original."""
-    made = {}
+    made = {}  # by the original's identity (pybind11's instancemethods do not hash): (original, made)
 
     @functools.wraps(factory)
     def once(original, *options, **keywords):
-        key = (original, options, tuple(sorted(keywords.items())))
+        key = (id(original), options, tuple(sorted(keywords.items())))
         if key not in made:
-            made[key] = factory(original, *options, **keywords)
-        return made[key]
+            made[key] = (original, factory(original, *options, **keywords))  # kept: its id stays its own
+        return made[key][1]
 
     return once
 
@@ -120,6 +120,40 @@ def _opaque_apply(cls, *args, **kwargs):
         return _original_apply.__func__(cls, *args, **kwargs)
     finally:
         _C.opaque_end()
+
+
+@_made_once
+def _opaque_call(original, why, what):
+    """`original`, run as an opaque region: eagerly in the program's thread, untraced (`what` of
+    its arguments names it in `%terra explain`)."""
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        _C.opaque_begin(why, what(*args))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _C.opaque_end()
+
+    return call
+
+
+# TorchScript. A scripted or traced module or a scripted function: its graph executor runs the
+# ops and, from the third call, makes a backward node of its own (DifferentiableGraphBackward)
+# holding the values it saved, which the GraphRunner could not fill (placeholders), and whose
+# backward may call Python (`@torch.jit.ignore`d functions): so the call runs as an opaque region,
+# and its backward in the program's thread (runtime/backward_hooks.cpp), as a custom
+# autograd.Function's. And `torch.jit.trace` (its entries into the tracer, which ONNX export
+# takes too): the tracer records the ops the program's thread runs, so none may go elsewhere.
+_TORCHSCRIPT = "TorchScript runs eagerly in the program's thread"
+_SCRIPT_CALLS = ((torch.jit.ScriptModule, lambda m, *a: f"{type(m).__qualname__} (a TorchScript module)"),
+                 (torch.jit.ScriptFunction, lambda f, *a: f"{f.name} (a TorchScript function)"))
+_TRACER_ENTRIES = ((torch._C, "_create_function_from_trace"), (torch._C, "_create_function_from_trace_with_dict"),
+                   (torch._C, "_create_graph_by_tracing"), (torch._C.ScriptModule, "_create_method_from_trace"),
+                   (torch._C.ScriptModule, "_create_method_from_trace_with_dict"))
+
+
+def _tracing(*args):
+    return "torch.jit.trace (the tracer)"
 
 
 # torch.func's transforms (vmap, grad, jvp, vjp, jacrev, functionalize, ...) run their function
@@ -310,6 +344,10 @@ def install():
     for name, prop in _HISTORY.items():
         _set(torch.Tensor, name, prop)
     _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
+    for owner, what in _SCRIPT_CALLS:
+        _set(owner, "__call__", _opaque_call(owner.__call__, _TORCHSCRIPT, what))
+    for owner, name in _TRACER_ENTRIES:
+        _set(owner, name, _opaque_call(getattr(owner, name), _TORCHSCRIPT, _tracing))
     for module_name, transforms in _FUNCTORCH_LEVELS.items():
         module = importlib.import_module(module_name)
         for transform in transforms:
@@ -347,8 +385,10 @@ def fast_path(on):
     if on and not _fast:
         for owner, name, replacement in _C.fast_path_entries(torch.Tensor, torch, torch.nn.functional):
             _set(owner, name, replacement, _fast)
-    elif not on:
+        _C.set_fast_path_functions(True)  # torch.relu, F.linear...: the same objects, see fast_path.h
+    elif not on and _fast:
         _restore(_fast)
+        _C.set_fast_path_functions(False)
 
 
 def pseudo_ops(on):
