@@ -54,6 +54,24 @@ def fit(epochs, steps, seed=0):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def evaluate(model, loss_fn, batches):
+    import torch
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches:  # marked (this file's), no backward: the notebook's validation loop
+            total += loss_fn(model(x), y).item()
+    return total / len(batches)
+
+
+def fit_eval(epochs, steps, seed=0):
+    model, opt, loss_fn, batches = setup(steps, seed)
+    val = batches[: max(1, steps // 4)]
+    for epoch in range(epochs):
+        train_one_epoch(model, opt, loss_fn, batches)
+        evaluate(model, loss_fn, val)
+    return [p.detach().clone() for p in model.parameters()]
+
+
 def fit_library(epochs, steps, seed=0):
     from bench import unmarked_trainer  # a module of its own: its loops are not marked
     model, opt, loss_fn, batches = setup(steps, seed)
@@ -69,7 +87,7 @@ def fit_imported(epochs, steps, seed=0):
     return [p.detach().clone() for p in model.parameters()]
 
 
-SHAPES = {"epochs": fit, "library": fit_library, "imported": fit_imported}
+SHAPES = {"epochs": fit, "eval": fit_eval, "library": fit_library, "imported": fit_imported}
 
 
 def child(mode, shape, epochs, steps):

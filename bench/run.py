@@ -286,11 +286,31 @@ def child(args):
             res["dynamo"] = _dynamo_summary(m.dynamo)
         dump()
 
-    # phase 2: steady state, modes interleaved round-robin (rotating the order every round)
+    # phase 2: warm-up, untimed for the steady state: `warmup_steps` more steps per mode in calls of
+    # the timed calls' size (Terra: each a session, as timed), modes interleaved. Terra's payoff
+    # check times co-execution against eager execution over its first tens of iterations
+    # (terra/payoff.h); timed from the 7th step, those phases were the "steady" rounds (session
+    # 52: dcgan 0.97 of eager's step there, 0.91 over 400-step calls). Reported in the warm-up table.
     k = max(1, min(50, round(args.target_s / max(min(probe), 1e-4))))
     out["steps_per_measurement"] = k
     out["rounds"] = args.rounds
     names = list(modes)
+    warm = {n: [0, 0.0] for n in names}  # steps, seconds
+    while any(warm[n][0] < args.warmup_steps for n in names):
+        for n in names:
+            if warm[n][0] >= args.warmup_steps:
+                continue
+            steps = min(k, args.warmup_steps - warm[n][0])
+            try:
+                warm[n][1] += modes[n].run(steps)
+                warm[n][0] += steps
+            except Exception as exc:  # noqa: BLE001  (recorded; the mode is not timed)
+                first, tail = _error_text(exc)
+                out["modes"][n].update(status="fails", error="during warm-up: " + first, traceback_tail=tail)
+                names.remove(n)
+                break
+
+    # phase 3: steady state, modes interleaved round-robin (rotating the order every round)
     times = {n: [] for n in names}
     failed_late = set()
     spent = {}
@@ -308,7 +328,7 @@ def child(args):
                 out["modes"][n].update(status="fails", error="during timing: " + first, traceback_tail=tail)
                 failed_late.add(n)
     eager_med = statistics.median(times["eager"])
-    total_steps = check_steps + args.rounds * k
+    total_steps = check_steps + args.warmup_steps + args.rounds * k
     ref2 = prog.final_state(modes["eager"].state)
     for n in names:
         res = out["modes"][n]
@@ -317,7 +337,9 @@ def child(args):
         med = statistics.median(times[n])
         res.update(step_ms_median=med * 1e3, step_ms_all=[t * 1e3 for t in times[n]],
                    ratio_to_eager=med / eager_med, speedup=eager_med / med,
-                   warmup_overhead_s=res["first_call_s"] - check_steps * med)
+                   warmup_overhead_s=res["first_call_s"] - check_steps * med,
+                   warmup_s=warm[n][1], warmup_steps_overhead_s=res["first_call_s"] + warm[n][1]
+                   - (check_steps + warm[n][0]) * med)
         res["rounds_timed"] = len(times[n])
         if n != "eager" and len(times[n]) == args.rounds:
             ok, detail = _common.compare(ref2, prog.final_state(modes[n].state), bitwise=(n == "terra"),
@@ -375,7 +397,8 @@ def run_program(name, args, modes):
         env.setdefault("PYTHONWARNINGS", "ignore")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--json", str(out_json),
                "--modes", ",".join(modes), "--threads", str(args.threads), "--rounds", str(args.rounds),
-               "--check-steps", str(args.check_steps), "--target-s", str(args.target_s),
+               "--check-steps", str(args.check_steps), "--warmup-steps", str(args.warmup_steps),
+               "--target-s", str(args.target_s),
                "--rtol", str(args.rtol), "--atol", str(args.atol), "--mode-budget-s", str(args.mode_budget_s)]
         t0 = time.perf_counter()
         try:
@@ -467,6 +490,8 @@ def main():
     ap.add_argument("--process-rounds", type=int, help="eager/Terra child processes alternated per "
                     "program (default 2, quick 1)")
     ap.add_argument("--check-steps", type=int, help="steps of the cold first call (default 6, quick 4)")
+    ap.add_argument("--warmup-steps", type=int, help="untimed steps per mode after the cold ones, before "
+                    "the timed rounds (default 60, quick 20)")
     ap.add_argument("--target-s", type=float, help="eager seconds per measurement (default 0.2, quick 0.04)")
     ap.add_argument("--rtol", type=float, default=1e-3, help="tolerance for compilers (allclose rtol)")
     ap.add_argument("--atol", type=float, default=1e-3, help="tolerance for compilers (allclose atol)")
@@ -482,6 +507,7 @@ def main():
     args.rounds = args.rounds or (3 if q else 5)
     args.process_rounds = args.process_rounds or (1 if q else 2)
     args.check_steps = args.check_steps or (4 if q else 6)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (20 if q else 60)
     args.target_s = args.target_s or (0.04 if q else 0.2)
     args.timeout = args.timeout or (60 if q else 400)
     if args.modes:
@@ -511,6 +537,7 @@ def main():
     doc["machine"] = machine()
     doc["settings"] = {"threads": args.threads, "rounds": args.rounds, "process_rounds": args.process_rounds,
                        "eager_baseline": "fresh eager-only processes", "check_steps": args.check_steps,
+                       "warmup_steps": args.warmup_steps,
                        "target_s": args.target_s, "rtol": args.rtol, "atol": args.atol, "quick": q,
                        "modes": modes, "timeout_s": args.timeout, "seed": SEED}
     t_all = time.perf_counter()
@@ -594,7 +621,8 @@ def write_markdown(doc, path):
          f"{mach['python']}; `torch.set_num_threads({st['threads']})` in every mode; OMP_WAIT_POLICY "
          f"{mach['OMP_WAIT_POLICY']}. Settings: {st['rounds']} interleaved rounds per child process, "
          f"{st.get('process_rounds', 1)} eager-only and Terra child processes alternated per program, "
-         f"{st['check_steps']} cold steps per mode, compiler tolerance rtol={st['rtol']} atol={st['atol']}. "
+         f"{st['check_steps']} cold steps per mode, then {st.get('warmup_steps', 0)} untimed warm-up steps "
+         f"per mode in calls of the timed size, compiler tolerance rtol={st['rtol']} atol={st['atol']}. "
          f"Baseline: {st.get('eager_baseline', 'eager in the same process as the other modes')}.", "",
          "## Steady-state step time, ratio to eager (lower is faster)", "",
          "Median of the interleaved rounds, divided by eager's median. WRONG = result differs from eager "
@@ -622,7 +650,9 @@ def write_markdown(doc, path):
     L += ["## Warm-up", "",
           f"Cold first {st['check_steps']} steps from make(seed), in seconds, including compile / script / "
           "trace / Terra tracing; in parentheses the overhead over steady state "
-          f"(first call minus {st['check_steps']} x median step).", "",
+          f"(first call minus {st['check_steps']} x median step); after the slash, the overhead of the "
+          f"first {st['check_steps']} + {st.get('warmup_steps', 0)} steps (the cold call and the untimed "
+          "warm-up calls, minus that many median steps): what settling costs, Terra's payoff check included.", "",
           "| program | " + " | ".join(MODE_LABEL[m] for m in modes) + " |", "|---|" + "---:|" * len(modes)]
     for name, p in progs.items():
         cells = []
@@ -632,6 +662,8 @@ def write_markdown(doc, path):
                 c = f"{r['first_call_s']:.2f}"
                 if "warmup_overhead_s" in r:
                     c += f" ({r['warmup_overhead_s']:+.2f})"
+                if "warmup_steps_overhead_s" in r:
+                    c += f" / {r['warmup_steps_overhead_s']:+.2f}"
                 cells.append(c)
             else:
                 cells.append(_cell(r))
