@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fast_path.h"
+#include "out_form.h"
 #include "graph.h"
 #include "python_runner.h"
 #include "runner_allocator.h"
@@ -266,6 +267,8 @@ PYBIND11_MODULE(_C, m) {
   }, "Sets `type.name = value` where Python refuses to (an immutable C type).");
   m.def("mode", [] { return std::string(R().mode_name()); });
   m.def("sync", [] { R().sync(); }, "Waits until the GraphRunner has executed every issued op.");
+  m.def("kept_result_bytes", [] { return terra::runtime::KeptResults::total_bytes(); },
+        "Bytes of the results replayed kernels keep to write into again, the process's (runtime/out_form.h).");
   m.def("runner_counts", [] {
     auto& r = R().runner();
     nlohmann::json j = replay_json(r.replay_counts());
@@ -437,8 +440,6 @@ PYBIND11_MODULE(_C, m) {
     return it == graphs.end() ? py::object(py::list()) : to_python(fallbacks_json(*it->second));
   });
   m.def("reset", [](py::object name) {
-    TORCH_CHECK(!R().active(), "Terra: cannot reset graphs while co-execution is active");
-    if (name.is_none()) R().graphs().clear();
-    else R().graphs().erase(name.cast<std::string>());
+    R().drop_graphs(name.is_none() ? std::nullopt : std::optional<std::string>(name.cast<std::string>()));
   }, py::arg("name") = py::none());
 }

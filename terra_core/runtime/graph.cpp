@@ -31,6 +31,7 @@ const char* kind_name(const OpTemplate& t) {
     case OpKind::ReleaseTeam:  // runner control, never recorded
     case OpKind::ClearAutocastCache:
     case OpKind::EndIteration:
+    case OpKind::DropGraph:
     case OpKind::Aten: break;
   }
   switch (t.mode) {

@@ -98,7 +98,8 @@ bool clears_grad(const WorkItem& w) {
 // Items between a block's items that no block holds: control work (run_control) and cleared
 // gradients. Looking for a path (choose, replay's look-ahead, second_node) passes over them.
 bool no_block_item(const WorkItem& w) {
-  return w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache || clears_grad(w);
+  return w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache ||
+         w.kind == OpKind::DropGraph || clears_grad(w);
 }
 
 void run_grad_write(WorkItem& item) {
@@ -414,9 +415,10 @@ void GraphRunner::wait_for(uint64_t seq, bool spin) {
   }
 }
 
-uint64_t GraphRunner::issue_control(OpKind kind) {
-  WorkItem& item = next_item();  // only `kind` is read (run_control); the rest is a past item's
+uint64_t GraphRunner::issue_control(OpKind kind, uint64_t graph) {
+  WorkItem& item = next_item();  // only `kind` and `graph` are read (run_control); the rest is a past item's
   item.kind = kind;
+  item.graph = graph;
   item.outs.clear();
   return issue();
 }
@@ -938,7 +940,7 @@ void GraphRunner::prefetch(const WorkItem& item) {
 
 bool GraphRunner::run_control(const WorkItem& item) {
   if (item.kind != OpKind::ReleaseTeam && item.kind != OpKind::ClearAutocastCache &&
-      item.kind != OpKind::EndIteration)
+      item.kind != OpKind::EndIteration && item.kind != OpKind::DropGraph)
     return false;
   set_grad_mode(true);  // control work runs with the thread's default (items leave theirs)
   switch (item.kind) {
@@ -949,10 +951,32 @@ bool GraphRunner::run_control(const WorkItem& item) {
     case OpKind::ClearAutocastCache:
       at::autocast::clear_cache();
       break;
+    case OpKind::DropGraph:
+      drop_graph(item.graph);
+      break;
     default:
       end_iteration();
   }
   return true;
+}
+
+void GraphRunner::drop_graph(uint64_t graph) {
+  // A dropped graph's serial never comes again (Graph::next_serial), so its blocks were dead
+  // weight until the store filled (kMaxEntries), and their kept results held the process's
+  // budget (out_form.h): a notebook that made a few models, or a test suite, left later graphs
+  // none (session 52).
+  BlockStore& b = *blocks_;
+  if (b.graph == graph) {
+    flush_counts();
+    b.abandon();
+  }
+  auto of = [graph](const auto& key) { return std::get<0>(key) == graph; };
+  for (auto it = b.entries.begin(); it != b.entries.end();) it = of(it->first) ? b.entries.erase(it) : std::next(it);
+  for (auto it = b.forks.begin(); it != b.forks.end();) it = of(*it) ? b.forks.erase(it) : std::next(it);
+  for (auto it = b.one_thread_items.begin(); it != b.one_thread_items.end();)
+    it = of(it->first) ? b.one_thread_items.erase(it) : std::next(it);
+  std::lock_guard<std::mutex> lock(counts_mutex_);
+  counts_.erase(graph);
 }
 
 void GraphRunner::set_grad_mode(bool on) {
@@ -1102,6 +1126,7 @@ void GraphRunner::run_per_op(WorkItem& item, BlockRecorder* recorder, bool per_k
     case OpKind::ReleaseTeam:  // run_control
     case OpKind::ClearAutocastCache:
     case OpKind::EndIteration:
+    case OpKind::DropGraph:
     case OpKind::Marker:
       break;
   }

@@ -66,6 +66,8 @@ enum class OpKind : uint8_t {
   ClearAutocastCache,  // runner control: the program's autocast region ended (thread_state.h)
   EndIteration,  // runner control: the co-executed iteration whose items precede it is complete
                  // (its block may be recorded, block_replay.h)
+  DropGraph,     // runner control: the graph `WorkItem::graph` was dropped (terra.reset): its
+                 // blocks go, with their kept results (out_form.h)
 };
 
 struct WorkItem {
@@ -163,7 +165,7 @@ class GraphRunner {
   // Python thread: a control item, executed in issue order: ReleaseTeam (the GraphRunner gives up
   // its OpenMP team, so the program thread's own ops that follow have the only one) or
   // ClearAutocastCache.
-  uint64_t issue_control(OpKind kind);
+  uint64_t issue_control(OpKind kind, uint64_t graph = 0);
   // Python thread: whether the program is co-executing (more work is imminent), which decides
   // whether an idle GraphRunner spins before it sleeps.
   void set_active(bool active) { active_.store(active, std::memory_order_relaxed); }
@@ -279,6 +281,7 @@ class GraphRunner {
                                                                                        uint64_t looked_at) const;
   void start_recording(uint64_t graph);
   void flush_counts();                        // the iteration's tallies into counts_
+  void drop_graph(uint64_t graph);            // DropGraph: its blocks, forks and verdicts go
   void use_threads(int n);                    // intra-op threads for the next kernels
   // GraphRunner thread: grad mode as the next kernels need it; only this function changes it
   // between items (guards inside kernels and the autograd engine restore what they change).

@@ -231,6 +231,18 @@ void PythonRunner::opaque_begin(const std::string& why, const std::string& what)
 
 void PythonRunner::opaque_end() { resume(); }
 
+void PythonRunner::drop_graphs(const std::optional<std::string>& name) {
+  TORCH_CHECK(!active(), "Terra: cannot reset graphs while co-execution is active");
+  for (auto it = graphs_.begin(); it != graphs_.end();) {
+    if (name && it->first != *name) {
+      ++it;
+      continue;
+    }
+    if (runner_) runner_->issue_control(OpKind::DropGraph, it->second->serial);
+    it = graphs_.erase(it);
+  }
+}
+
 void PythonRunner::diverge(terra::FallbackReason reason, std::string detail, const std::string& op, bool new_path) {
   std::string span = op + ": " + terra::describe(reason, detail);
   note_fallback(reason, std::move(detail), op);

@@ -136,6 +136,9 @@ class PythonRunner {
   void opaque_begin(const std::string& why, const std::string& what);
   void opaque_end();
   std::map<std::string, std::unique_ptr<Graph>>& graphs() { return graphs_; }
+  // Drops the graph called `name` (every graph: none), and the GraphRunner's blocks of it. Not
+  // while a session is active.
+  void drop_graphs(const std::optional<std::string>& name);
 
   const char* mode_name() const;
   // In a child made by fork() (DataLoader workers): the GraphRunner thread did not come along, so
