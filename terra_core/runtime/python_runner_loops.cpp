@@ -250,8 +250,12 @@ void PythonRunner::end_iteration() {
     // co-execution at B's times, and hold eager execution for it.
     const bool other_way = !chosen_eager_ && graph_->workers_trial == Graph::WorkersTrial::Pairing &&
                            graph_->workers_pairing.b();
+    // Unclean for what co-executing costs (it fell back, or recorded a new path), not for the
+    // switch into co-execution (the first iterations after another mode) or another way on purpose.
+    const bool switching = previous_mode_ != iteration_mode_ ||
+                           (coexec_run_ > 0 && coexec_run_ < kCoexecRunBeforeSample);
     graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
-                          policy_.payoff_check_budget);
+                          policy_.payoff_check_budget, /*costs_coexec=*/!clean && !other_way && !switching);
     const auto trial = graph_->workers_trial;
     if (choosing_spin() && graph_->payoff.checks() != checks) choose_workers();
     if (choosing_spin()) pair_workers(clean, seconds);

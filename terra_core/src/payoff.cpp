@@ -47,7 +47,7 @@ void Payoff::session_started() {
 }
 
 void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
-                    double check_budget) {
+                    double check_budget, bool costs_coexec) {
   // A session longer than the short ones before it is paired in blocks inside it from here on.
   if (++session_records_ > kShortSession) session_way_.reset();
   Loop& l = loops_[loop];
@@ -60,7 +60,8 @@ void Payoff::record(uint64_t loop, bool eager, bool clean, double seconds, doubl
   if (phase_ == Phase::Pairing) {
     if (pair_loop_ == 0) pair_loop_ = loop;  // a pairing taken up: the first loop recorded
     if (loop != pair_loop_) return;  // blocks of one loop's iterations only
-    const auto verdict = pairing_.record(clean && eager == pairing_.b(), seconds);
+    const bool timed = clean || (costs_coexec && !eager);
+    const auto verdict = pairing_.record(timed && eager == pairing_.b(), seconds);
     if (verdict == PairedTrial::Verdict::Running) return;
     // The times compared (explain's, hold_for's) say what the pairs said of the paired loop: the
     // latest blocks of the two modes saw different moments of the host.

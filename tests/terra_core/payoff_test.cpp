@@ -177,6 +177,35 @@ TEST(Payoff, AnUnclearFirstCheckIsDecidedByAlternatingBlocksWhichCancelTheHostsD
   EXPECT_TRUE(q.choice_eager());
 }
 
+// Stochastic depth's shape: co-executed iterations as fast as eager ones when clean, but three
+// in four record a new path (unclean, at 2.5x). A pairing's co-executed blocks time those too
+// (costs_coexec) and take eager execution within a few blocks; timing only clean ones, the
+// blocks filled one clean iteration in four (each unclean one restarting the block's settling),
+// and the pairing found the two modes equal after running co-executed most of the time.
+TEST(Payoff, APairingTimesWhatCoExecutingCostsNotOnlyItsCleanIterations) {
+  Payoff p;
+  bool last = false;
+  // First phases: close clean times, so the first check pairs the modes.
+  for (int i = 0; i < 200 && p.phase() != Payoff::Phase::Pairing; ++i) {
+    const bool eager = p.eager();
+    p.record(1, eager, eager == last, 1.0, 0.0);
+    last = eager;
+  }
+  ASSERT_EQ(p.phase(), Payoff::Phase::Pairing);
+  int coexecuted = 0;
+  for (int k = 0; k < 400 && p.checks() == 0; ++k) {
+    const bool eager = p.eager();
+    const bool recorded = !eager && k % 4 != 0;  // a new path's recording
+    coexecuted += !eager;
+    p.record(1, eager, eager == last && !recorded, recorded ? 2.5 : 1.0, 0.0, Payoff::kCheckBudget,
+             /*costs_coexec=*/recorded && eager == last);
+    last = eager;
+  }
+  EXPECT_EQ(p.checks(), 1u);
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_LE(coexecuted, 2 * PairedTrial::kBlock) << "co-executed while paired";
+}
+
 TEST(Payoff, APairedChoiceReportsThePairsRatio) {
   // Co-execution 10% faster on a host slowing by 1.5% per iteration: the latest block of each
   // mode saw another moment of the host, the pairs did not.

@@ -84,8 +84,16 @@ class Payoff {
   // An iteration of loop `loop` took `seconds` in mode `eager`. `clean`: it ran wholly in that
   // mode and the iteration before it ran in the same mode. `margin`: co-execution is kept while
   // it takes at most (1 + margin) times eager's time; `check_budget`: see hold_for.
+  // `costs_coexec`: a co-executed iteration that was not clean for what it paid co-executing
+  // (it recorded a new path, or fell back), not for switching modes or for running another way
+  // on purpose. A pairing's co-executed blocks time those too: a loop whose co-executed
+  // iterations record a path most of the time (stochastic depth, 64 paths) filled its blocks
+  // with clean ones so slowly that it ran co-executed, at 1.5-2x eager's step, for 100
+  // iterations and more while paired (session 52). Measuring phases still time clean ones only:
+  // a program's first recordings (rnn_lengths' 17 lengths) are its warm-up, which a pairing
+  // comes after.
   void record(uint64_t loop, bool eager, bool clean, double seconds, double margin,
-              double check_budget = kCheckBudget);
+              double check_budget = kCheckBudget, bool costs_coexec = false);
   // A clean traced iteration of `loop` (one that added nothing to the graph) took `seconds`.
   void record_traced(uint64_t loop, double seconds);
 
