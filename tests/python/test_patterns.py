@@ -1009,24 +1009,33 @@ def prog_torchscript(steps=10):
     return out
 
 
-def prog_jit_trace(steps=8):
-    # torch.jit.trace of the model mid-loop, then training the traced module (the tracer records
-    # the ops the program's thread runs: none may go to the GraphRunner).
-    torch.manual_seed(12)
+def _swapped_mid_loop(swap, seed, steps=8, at=3):
+    # The model trained for `at` steps, then replaced by what `swap(model, x)` makes of it,
+    # (module, something to compare), and that trained on (its parameters are the model's).
+    torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(3, 4)
     out, m = [], model
     for i in range(steps):
-        if i == 3:
-            m = torch.jit.trace(model, x)
-            out.append(m.graph.str().count("aten::linear"))
+        if i == at:
+            m, seen = swap(model, x)
+            out.append(seen)
         loss = m(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         out.append(loss.detach())
     return out
+
+
+def prog_jit_trace(steps=8):
+    # torch.jit.trace of the model mid-loop, then training the traced module (the tracer records
+    # the ops the program's thread runs: none may go to the GraphRunner).
+    def trace(model, x):
+        traced = torch.jit.trace(model, x)
+        return traced, traced.graph.str().count("aten::linear")
+    return _swapped_mid_loop(trace, seed=12, steps=steps)
 
 
 def prog_compiled_module(steps=6):
@@ -1047,21 +1056,10 @@ def prog_compiled_module(steps=6):
 
 
 def prog_fx_traced(steps=8):
-    torch.manual_seed(14)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(3, 4)
-    out, gm = [], model
-    for i in range(steps):
-        if i == 2:
-            gm = torch.fx.symbolic_trace(model)
-            out.append(len(gm.graph.nodes))
-        loss = gm(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        out.append(loss.detach())
-    return out
+    def fx(model, x):
+        gm = torch.fx.symbolic_trace(model)
+        return gm, len(gm.graph.nodes)
+    return _swapped_mid_loop(fx, seed=14, steps=steps, at=2)
 
 
 def prog_optimizer_in_backward(steps=12):
