@@ -400,6 +400,34 @@ def test_fast_path_is_a_setting_and_its_share_is_shown(kc):
     assert_switchable(kc, "fast_path")
 
 
+def test_a_model_scripted_in_a_terra_cell_trains_as_with_terra_off(kc):
+    # torch.jit.script inside a Terra cell raised "Python builtin <built-in function linear> is
+    # currently not supported in Torchscript" until session 52 (the fast path's replacement
+    # objects), and the scripted model's backward failed on the GraphRunner.
+    cell = """
+torch.manual_seed(0)
+class _Scripted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return torch.relu(self.l(x)) * 2
+scripted = torch.jit.script(_Scripted())
+sopt = torch.optim.SGD(scripted.parameters(), lr=0.1)
+sx = torch.randn(3, 4)
+for _ in range(12):
+    sloss = scripted(sx).pow(2).mean()
+    sopt.zero_grad()
+    sloss.backward()
+    sopt.step()
+print(_digest(dict(scripted.state_dict())), f"{sloss.item():.8f}")
+"""
+    on = ok(kc, cell, summary=True)
+    assert "Terra:" in on, on
+    off = ok(kc, "%%terra off\n" + cell, summary=True)
+    assert on.splitlines()[0] == off.splitlines()[0], (on, off)
+
+
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_corpus_as_notebook_cells(kc, name):
     source = (ROOT / "tests" / "programs" / f"{name}.py").read_text()
