@@ -331,6 +331,10 @@ void PythonRunner::fill(const at::Tensor& t) {
 void PythonRunner::materialize(PyObject* obj) {
   if (!THPVariable_Check(obj)) return;
   const at::Tensor& t = THPVariable_Unpack(obj);
+  // A tensor subclass with a __torch_dispatch__ (a FakeTensor that torch.compile's tracing makes
+  // through `_make_subclass`, its attributes not yet set) is no placeholder and none of its ops
+  // were issued: asking for its writes in flight dispatched to it half-made (session 52).
+  if (t.key_set().has(c10::DispatchKey::Python)) return;
   if (as_placeholder(t)) {
     fill(t);
   } else {

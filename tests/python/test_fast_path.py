@@ -366,6 +366,42 @@ def test_compilers_inside_a_session_see_torch_functions():
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
 
+
+def test_a_model_compiled_by_inductor_in_a_session_trains_as_without_terra():
+    # Inductor's first compile inside a session (no cache) traced the model with fake tensors,
+    # forward and backward together, through the engine ("TraceGraph::add: key ... is in the graph
+    # already"), then a half-made FakeTensor was asked for its writes in flight; and once it
+    # compiled, every call failed its guards (the thread's dispatch keys) and recompiled, up to
+    # Dynamo's limit, after which the model ran uncompiled, with other bits. All since session 52.
+    import torch._dynamo
+    import torch._inductor.config
+    from torch._dynamo.utils import counters
+
+    def prog(steps=12):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+        compiled = torch.compile(model)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(16, 8), torch.randn(16, 1)
+        losses = []
+        for _ in range(steps):
+            loss = F.mse_loss(compiled(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses + [p.detach().clone() for p in model.parameters()]
+
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch._dynamo.reset()
+        without = prog()
+        torch._dynamo.reset()
+        counters.clear()
+        with_terra = terra.run(prog)
+    assert same(flat(with_terra), flat(without))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0
+
 class Logged(torch.Tensor):
     calls = 0
 

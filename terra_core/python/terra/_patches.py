@@ -156,6 +156,60 @@ def _tracing(*args):
     return "torch.jit.trace (the tracer)"
 
 
+# TorchDynamo's compilations (a torch.compile'd model's first call, a recompile, AOTAutograd's
+# lazy backward): the backend traces the model with fake tensors, its forward and backward
+# together (`torch.autograd.grad` inside a forward), which the engine took for the program's
+# ops: inductor's first compile in a session raised "TraceGraph::add: key ... is in the graph
+# already" (session 52). A compilation runs as an opaque region, bounded by Dynamo's compile
+# callbacks, registered once per process as soon as torch._dynamo is imported (at a session's
+# start, or by torch.compile inside one; outside a session a region only pauses nothing).
+_compiles_open = []
+
+
+def _compile_started(args):
+    _C.opaque_begin("TorchDynamo compiles in the program's thread, untraced", "torch.compile")
+    _compiles_open.append(args)
+
+
+def _compile_ended(args):
+    if _compiles_open:
+        _compiles_open.pop()
+        _C.opaque_end()
+
+
+def _compiled_module(module, *args):
+    return f"{type(module._orig_mod).__qualname__} (torch.compile)"
+
+
+def _watch_compiles():
+    dynamo = sys.modules.get("torch._dynamo")
+    handler = getattr(dynamo, "callback_handler", None)
+    if handler is None:
+        return
+    if _compile_started not in handler.start_callbacks:
+        handler.register_start_callback(_compile_started)
+        handler.register_end_callback(_compile_ended)
+    # A compiled module's call too: its guards check the dispatch keys of the thread, which hold
+    # the engine's while a loop is traced or co-executed and not inside a compilation, so every
+    # call failed them and recompiled, up to Dynamo's limit of 8, after which the module ran
+    # uncompiled (session 52).
+    optimized = dynamo.eval_frame.OptimizedModule
+    if "__call__" in optimized.__dict__ and not any(o is optimized and n == "__call__" for o, n, _ in _saved):
+        _set(optimized, "__call__", _opaque_call(optimized.__call__, "torch.compile's code runs in the program's thread",
+                                                  _compiled_module))
+
+
+@_made_once
+def _compile_watched(original):
+    @functools.wraps(original)
+    def compile(*args, **kwargs):
+        result = original(*args, **kwargs)
+        _watch_compiles()  # torch._dynamo is imported now
+        return result
+
+    return compile
+
+
 # torch.func's transforms (vmap, grad, jvp, vjp, jacrev, functionalize, ...) run their function
 # with the dispatch keys of a functorch level, which the GraphRunner's thread does not have (an op
 # issued there from inside a vmap raised). Each level's entry and exit, found by name in the
@@ -356,6 +410,8 @@ def install():
             _set(module, f"_{transform}_decrement_nesting",
                  _level_exit(getattr(module, f"_{transform}_decrement_nesting")))
     _set(threading.Thread, "start", _thread_start)
+    _watch_compiles()
+    _set(torch, "compile", _compile_watched(torch.compile))
     _set(torch, "clear_autocast_cache", _C.clear_autocast_cache)
     for name in _SETTINGS:
         _set(torch, name, _synced(getattr(torch, name)))
