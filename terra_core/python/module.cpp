@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fast_path.h"
-#include "out_form.h"
 #include "graph.h"
+#include "out_form.h"
 #include "python_runner.h"
 #include "runner_allocator.h"
 #include "timeline.h"

@@ -98,8 +98,7 @@ bool clears_grad(const WorkItem& w) {
 // Items between a block's items that no block holds: control work (run_control) and cleared
 // gradients. Looking for a path (choose, replay's look-ahead, second_node) passes over them.
 bool no_block_item(const WorkItem& w) {
-  return w.kind == OpKind::ReleaseTeam || w.kind == OpKind::ClearAutocastCache ||
-         w.kind == OpKind::DropGraph || clears_grad(w);
+  return (is_control(w.kind) && w.kind != OpKind::EndIteration) || clears_grad(w);
 }
 
 void run_grad_write(WorkItem& item) {
@@ -939,9 +938,7 @@ void GraphRunner::prefetch(const WorkItem& item) {
 }
 
 bool GraphRunner::run_control(const WorkItem& item) {
-  if (item.kind != OpKind::ReleaseTeam && item.kind != OpKind::ClearAutocastCache &&
-      item.kind != OpKind::EndIteration && item.kind != OpKind::DropGraph)
-    return false;
+  if (!is_control(item.kind)) return false;
   set_grad_mode(true);  // control work runs with the thread's default (items leave theirs)
   switch (item.kind) {
     case OpKind::ReleaseTeam:
@@ -970,11 +967,13 @@ void GraphRunner::drop_graph(uint64_t graph) {
     flush_counts();
     b.abandon();
   }
-  auto of = [graph](const auto& key) { return std::get<0>(key) == graph; };
-  for (auto it = b.entries.begin(); it != b.entries.end();) it = of(it->first) ? b.entries.erase(it) : std::next(it);
-  for (auto it = b.forks.begin(); it != b.forks.end();) it = of(*it) ? b.forks.erase(it) : std::next(it);
-  for (auto it = b.one_thread_items.begin(); it != b.one_thread_items.end();)
-    it = of(it->first) ? b.one_thread_items.erase(it) : std::next(it);
+  auto drop = [graph](auto& keyed, auto key) {  // every element of `keyed` whose key holds `graph` first
+    for (auto it = keyed.begin(); it != keyed.end();) it = std::get<0>(key(*it)) == graph ? keyed.erase(it) : std::next(it);
+  };
+  auto map_key = [](const auto& element) -> const auto& { return element.first; };
+  drop(b.entries, map_key);
+  drop(b.one_thread_items, map_key);
+  drop(b.forks, [](const auto& element) -> const auto& { return element; });
   std::lock_guard<std::mutex> lock(counts_mutex_);
   counts_.erase(graph);
 }

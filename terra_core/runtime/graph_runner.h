@@ -70,6 +70,9 @@ enum class OpKind : uint8_t {
                  // blocks go, with their kept results (out_form.h)
 };
 
+// Runner control (GraphRunner::run_control), never a graph node: the kinds from ReleaseTeam on.
+constexpr bool is_control(OpKind kind) { return kind >= OpKind::ReleaseTeam; }
+
 struct WorkItem {
   OpKind kind = OpKind::Aten;
   const c10::OperatorHandle* op = nullptr;

@@ -193,7 +193,8 @@ void PythonRunner::end_iteration() {
   // thread) and usually recording a block. Later recordings stay in: a program with several paths
   // (ragged batches) records one per path, a recurring cost of co-executing it (corpus p02 was
   // held co-executed at 3.4x eager's step time when they were left out).
-  bool steady = coexec_run_ == 0 || coexec_run_ >= kCoexecRunBeforeSample;
+  const bool settling = coexec_run_ > 0 && coexec_run_ < kCoexecRunBeforeSample;
+  bool steady = !settling;
   if (policy_.adaptive && coexec_run_ > 0) {
     seconds = coexec_seconds(seconds);
     // Nor is one whose interval held the recording of a path this loop had never taken (the
@@ -252,8 +253,7 @@ void PythonRunner::end_iteration() {
                            graph_->workers_pairing.b();
     // Unclean for what co-executing costs (it fell back, or recorded a new path), not for the
     // switch into co-execution (the first iterations after another mode) or another way on purpose.
-    const bool switching = previous_mode_ != iteration_mode_ ||
-                           (coexec_run_ > 0 && coexec_run_ < kCoexecRunBeforeSample);
+    const bool switching = previous_mode_ != iteration_mode_ || settling;
     graph_->payoff.record(boundary_, chosen_eager_, clean && !other_way, seconds, policy_.payoff_margin,
                           policy_.payoff_check_budget, /*costs_coexec=*/!clean && !other_way && !switching);
     const auto trial = graph_->workers_trial;

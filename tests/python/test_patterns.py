@@ -1038,11 +1038,11 @@ def prog_jit_trace(steps=8):
     return _swapped_mid_loop(trace, seed=12, steps=steps)
 
 
-def prog_compiled_module(steps=6):
+def prog_compiled_module(steps=6, backend="eager"):
     # torch.compile'd model (TorchDynamo knows torch functions by identity) trained in the loop.
     torch.manual_seed(10)
     model = nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 1))
-    compiled = torch.compile(model, backend="eager")
+    compiled = torch.compile(model, backend=backend)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     x, y = torch.randn(8, 5), torch.randn(8, 1)
     out = []
@@ -1052,7 +1052,7 @@ def prog_compiled_module(steps=6):
         loss.backward()
         opt.step()
         out.append((loss.detach(), model[0].weight.detach().clone()))
-    return out
+    return out + [p.detach().clone() for p in model.parameters()]
 
 
 def prog_fx_traced(steps=8):
@@ -1178,3 +1178,46 @@ def test_functorch_levels_are_restored_after_the_session(fresh_graphs):
     inside = terra.run(lambda: [getattr(m, n) for m, n in names])
     assert all(a is not b for a, b in zip(inside, before))
     assert [getattr(m, n) for m, n in names] == before
+
+
+def test_compilers_inside_a_session_see_torch_functions(fresh_graphs):
+    # torch.jit.script raised "Python builtin <built-in function linear> is currently not
+    # supported in Torchscript" in a session, and TorchDynamo broke its graph at F.linear.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    def prog(steps=4):
+        torch.manual_seed(0)
+        scripted, compiled = torch.jit.script(_Scaled()), torch.compile(_Scaled(), backend="eager")
+        x = torch.rand(3, 4)
+        return [(scripted(x), compiled(x)) for _ in range(steps)]
+
+    eager = prog()
+    torch._dynamo.reset()
+    counters.clear()
+    out = flat(terra.run(prog))
+    assert len(out) == len(flat(eager)) and all(same(a, b) for a, b in zip(out, flat(eager)))
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_model_compiled_by_inductor_in_a_session_trains_as_without_terra(fresh_graphs):
+    # Inductor's first compile inside a session (no cache) traced the model with fake tensors,
+    # forward and backward together, through the engine ("TraceGraph::add: key ... is in the graph
+    # already"), then a half-made FakeTensor was asked for its writes in flight; and once it
+    # compiled, every call failed its guards (the thread's dispatch keys) and recompiled, up to
+    # Dynamo's limit of 8, after which the model ran uncompiled, with other bits. All since
+    # session 52. 12 steps: past that limit.
+    import torch._dynamo
+    import torch._inductor.config
+    from torch._dynamo.utils import counters
+
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch._dynamo.reset()
+        without = flat(prog_compiled_module(12, "inductor"))
+        torch._dynamo.reset()
+        counters.clear()
+        with_terra = flat(terra.run(prog_compiled_module, 12, "inductor"))
+    assert len(with_terra) == len(without) and all(same(a, b) for a, b in zip(with_terra, without))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0

@@ -111,17 +111,6 @@ def _run_backward(t_outputs, *args, **kwargs):
     return _C.backward(_original_run_backward, tuple(t_outputs), *args, **kwargs)
 
 
-def _opaque_apply(cls, *args, **kwargs):
-    # A custom autograd.Function: its forward (and, through the backward-hook check, its
-    # backward) runs eagerly in the program's thread, untraced.
-    _C.opaque_begin("custom autograd.Function runs eagerly in the program's thread",
-                    f"{cls.__qualname__}.apply")
-    try:
-        return _original_apply.__func__(cls, *args, **kwargs)
-    finally:
-        _C.opaque_end()
-
-
 @_made_once
 def _opaque_call(original, why, what):
     """`original`, run as an opaque region: eagerly in the program's thread, untraced (`what` of
@@ -135,6 +124,12 @@ def _opaque_call(original, why, what):
             _C.opaque_end()
 
     return call
+
+
+# A custom autograd.Function: its forward (and, through the backward-hook check, its backward)
+# runs eagerly in the program's thread, untraced.
+def _function_apply(cls, *args):
+    return f"{cls.__qualname__}.apply"
 
 
 # TorchScript. A scripted or traced module or a scripted function: its graph executor runs the
@@ -163,17 +158,19 @@ def _tracing(*args):
 # already" (session 52). A compilation runs as an opaque region, bounded by Dynamo's compile
 # callbacks, registered once per process as soon as torch._dynamo is imported (at a session's
 # start, or by torch.compile inside one; outside a session a region only pauses nothing).
-_compiles_open = []
+_compiles_open = 0  # opaque regions a start callback began and its end callback has not ended
 
 
 def _compile_started(args):
+    global _compiles_open
     _C.opaque_begin("TorchDynamo compiles in the program's thread, untraced", "torch.compile")
-    _compiles_open.append(args)
+    _compiles_open += 1
 
 
 def _compile_ended(args):
+    global _compiles_open
     if _compiles_open:
-        _compiles_open.pop()
+        _compiles_open -= 1
         _C.opaque_end()
 
 
@@ -397,7 +394,8 @@ def install():
     _set(torch.Tensor, "_version", _VERSION)
     for name, prop in _HISTORY.items():
         _set(torch.Tensor, name, prop)
-    _set(torch.autograd.Function, "apply", classmethod(_opaque_apply))
+    _set(torch.autograd.Function, "apply", classmethod(_opaque_call(
+        _original_apply.__func__, "custom autograd.Function runs eagerly in the program's thread", _function_apply)))
     for owner, what in _SCRIPT_CALLS:
         _set(owner, "__call__", _opaque_call(owner.__call__, _TORCHSCRIPT, what))
     for owner, name in _TRACER_ENTRIES:
