@@ -1038,21 +1038,41 @@ def prog_jit_trace(steps=8):
     return _swapped_mid_loop(trace, seed=12, steps=steps)
 
 
-def prog_compiled_module(steps=6, backend="eager"):
-    # torch.compile'd model (TorchDynamo knows torch functions by identity) trained in the loop.
+class _Mlp(nn.Sequential):
+    def forward(self, x):  # the program's own forward: Dynamo compiles no torch.nn frame
+        return self[2](self[1](self[0](x)))
+
+
+def prog_compiled_module(steps=6, backend="eager", form="module"):
+    # torch.compile'd model (TorchDynamo knows torch functions by identity) trained in the loop;
+    # `form`: the module compiled (torch.compile(model)), compiled in place (model.compile()), or
+    # a plain function that calls it compiled (session 53: that one recompiled at each call).
     torch.manual_seed(10)
-    model = nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 1))
-    compiled = torch.compile(model, backend=backend)
+    model = _Mlp(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 1))
+    if form == "module":
+        compiled = torch.compile(model, backend=backend)
+        loss_of = lambda x, y: F.mse_loss(compiled(x), y)  # noqa: E731
+    elif form == "method":
+        model.compile(backend=backend)
+        loss_of = lambda x, y: F.mse_loss(model(x), y)  # noqa: E731
+    else:
+        @torch.compile(backend=backend)
+        def loss_of(x, y):
+            return F.mse_loss(model(x), y)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     x, y = torch.randn(8, 5), torch.randn(8, 1)
     out = []
     for i in range(steps):
-        loss = F.mse_loss(compiled(x), y)
+        loss = loss_of(x, y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         out.append((loss.detach(), model[0].weight.detach().clone()))
     return out + [p.detach().clone() for p in model.parameters()]
+
+
+def prog_compiled_function(steps=6):
+    return prog_compiled_module(steps, form="function")
 
 
 def prog_fx_traced(steps=8):
@@ -1152,7 +1172,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_torchscript, prog_jit_trace, prog_compiled_module, prog_fx_traced, prog_optimizer_in_backward,
+PROGRAMS = [prog_torchscript, prog_jit_trace, prog_compiled_module, prog_compiled_function, prog_fx_traced, prog_optimizer_in_backward,
             prog_anomaly_mode, prog_forward_ad, prog_parametrizations, prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops, prog_checkpointing]
 
 
@@ -1201,23 +1221,24 @@ def test_compilers_inside_a_session_see_torch_functions(fresh_graphs):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_a_model_compiled_by_inductor_in_a_session_trains_as_without_terra(fresh_graphs):
+@pytest.mark.parametrize("form", ["module", "method", "function"])
+def test_a_model_compiled_by_inductor_in_a_session_trains_as_without_terra(form, fresh_graphs):
     # Inductor's first compile inside a session (no cache) traced the model with fake tensors,
     # forward and backward together, through the engine ("TraceGraph::add: key ... is in the graph
     # already"), then a half-made FakeTensor was asked for its writes in flight; and once it
     # compiled, every call failed its guards (the thread's dispatch keys) and recompiled, up to
-    # Dynamo's limit of 8, after which the model ran uncompiled, with other bits. All since
-    # session 52. 12 steps: past that limit.
+    # Dynamo's limit of 8, after which the model ran uncompiled, with other bits (session 52; a
+    # compiled plain function and model.compile() until session 53). 12 steps: past that limit.
     import torch._dynamo
     import torch._inductor.config
     from torch._dynamo.utils import counters
 
     with torch._inductor.config.patch(force_disable_caches=True):
         torch._dynamo.reset()
-        without = flat(prog_compiled_module(12, "inductor"))
+        without = flat(prog_compiled_module(12, "inductor", form))
         torch._dynamo.reset()
         counters.clear()
-        with_terra = flat(terra.run(prog_compiled_module, 12, "inductor"))
+        with_terra = flat(terra.run(prog_compiled_module, 12, "inductor", form))
     assert len(with_terra) == len(without) and all(same(a, b) for a, b in zip(with_terra, without))
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert sum(counters["graph_break"].values()) == 0

@@ -174,8 +174,75 @@ def _compile_ended(args):
         _C.opaque_end()
 
 
-def _compiled_module(module, *args):
-    return f"{type(module._orig_mod).__qualname__} (torch.compile)"
+# Compiled code's calls (a `torch.compile`d function or module, `module.compile()`,
+# `torch._dynamo.optimize(...)` as a decorator or a context): Dynamo's guards check the dispatch
+# keys of the thread, which hold the engine's while a loop is traced or co-executed and not inside
+# a compilation, so every call failed them and recompiled, up to Dynamo's limit of 8, after which
+# the function ran uncompiled (session 52: a compiled module; session 53: a compiled function, 30
+# steps ending at eager's loss, not the compiled function's). So each call runs as an opaque
+# region, bounded by three of Dynamo's own calls (eval_frame.py, torch 2.13): an entry asks
+# `_is_skip_guard_eval_unsafe_stance()` once, just before it sets `set_skip_guard_eval_unsafe`,
+# and sets that back as it leaves; the first set after the stance begins the region, before the
+# entry reads the thread's dispatch keys. The set as it leaves runs inside a dispatch-key guard
+# that then puts back the keys the entry saw (the engine's off), so the region ends at the next
+# `_maybe_set_eval_frame`, which the entry calls once it is out of that guard. Patched during
+# sessions only.
+_compiled_entering = False  # the stance was asked: the next set_skip_guard_eval_unsafe enters
+_compiled_open = 0  # regions entries into compiled code began and their exits have not ended
+_compiled_leaving = 0  # of those, regions whose exit was seen and end at _maybe_set_eval_frame
+
+
+def _compiled_name(frame):
+    """What the entering frame runs (compile_wrapper's `fn`, an `optimize` context's own)."""
+    fn = frame.f_locals.get("fn")
+    fn = getattr(fn, "__wrapped__", fn)
+    owner = getattr(fn, "__self__", fn)
+    if isinstance(owner, torch.nn.Module):
+        return f"{type(owner).__qualname__} (torch.compile)"
+    return f"{getattr(fn, '__name__', 'compiled code')} (torch.compile)"
+
+
+@_made_once
+def _compiled_entry(original):
+    @functools.wraps(original)
+    def stance():
+        global _compiled_entering
+        _compiled_entering = True
+        return original()
+
+    return stance
+
+
+@_made_once
+def _compiled_bounds(original):
+    @functools.wraps(original)
+    def set_skip_guard_eval_unsafe(value):
+        global _compiled_entering, _compiled_leaving
+        if _compiled_entering:
+            _compiled_entering = False
+            _C.opaque_begin("torch.compile's code runs in the program's thread", _compiled_name(sys._getframe(1)))
+            global _compiled_open
+            _compiled_open += 1
+        elif _compiled_open > _compiled_leaving:
+            _compiled_leaving += 1
+        return original(value)
+
+    return set_skip_guard_eval_unsafe
+
+
+@_made_once
+def _compiled_left(original):
+    @functools.wraps(original)
+    def maybe_set_eval_frame(callback):
+        global _compiled_open, _compiled_leaving
+        result = original(callback)
+        while _compiled_leaving:
+            _compiled_leaving -= 1
+            _compiled_open -= 1
+            _C.opaque_end()
+        return result
+
+    return maybe_set_eval_frame
 
 
 def _watch_compiles():
@@ -186,14 +253,11 @@ def _watch_compiles():
     if _compile_started not in handler.start_callbacks:
         handler.register_start_callback(_compile_started)
         handler.register_end_callback(_compile_ended)
-    # A compiled module's call too: its guards check the dispatch keys of the thread, which hold
-    # the engine's while a loop is traced or co-executed and not inside a compilation, so every
-    # call failed them and recompiled, up to Dynamo's limit of 8, after which the module ran
-    # uncompiled (session 52).
-    optimized = dynamo.eval_frame.OptimizedModule
-    if "__call__" in optimized.__dict__ and not any(o is optimized and n == "__call__" for o, n, _ in _saved):
-        _set(optimized, "__call__", _opaque_call(optimized.__call__, "torch.compile's code runs in the program's thread",
-                                                  _compiled_module))
+    eval_frame = dynamo.eval_frame
+    if not any(o is eval_frame for o, _, _ in _saved):
+        _set(eval_frame, "_is_skip_guard_eval_unsafe_stance", _compiled_entry(eval_frame._is_skip_guard_eval_unsafe_stance))
+        _set(eval_frame, "set_skip_guard_eval_unsafe", _compiled_bounds(eval_frame.set_skip_guard_eval_unsafe))
+        _set(eval_frame, "_maybe_set_eval_frame", _compiled_left(eval_frame._maybe_set_eval_frame))
 
 
 @_made_once
