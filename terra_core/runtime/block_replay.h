@@ -153,6 +153,9 @@ struct ItemPlan {
   // detached for the discriminator's step) is made again: the item is bound (BlockReplayer::bind)
   // every time, so a tensor the program keeps has eager's autograd graph for a later backward.
   bool autograd = false;
+  // Ran under torch.inference_mode: replayed under it (GraphRunner::execute sets it per item), so
+  // the kernels make inference tensors where eager's did; an item in the other mode leaves.
+  bool inference_mode = false;
   static constexpr uint32_t kNoBackward = UINT32_MAX;
   uint32_t covered_by = 0;
   struct Load {

@@ -895,3 +895,63 @@ def test_a_block_is_left_where_a_tensor_was_made_by_another_item_than_recorded()
     # block of theirs is recorded, the start having several paths) look ahead and choose theirs.
     assert s["iterations_replayed"] >= 3 and s["blocks_recorded"] >= 2, s
     assert s["replays_left"] + s["blocks_chosen_by_path"] >= 3, s
+
+
+def inference_mode_steps(steps):
+    """Training steps with a metric under torch.inference_mode each step: inference tensors (one
+    changed in place, a view of one, one returned), a view of a parameter made in inference mode
+    (a normal tensor), a normal tensor written in place there (its version bumps)."""
+    torch.manual_seed(41)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(m.parameters(), lr=0.05)
+    positives = torch.zeros(2)
+    x, y = torch.randn(6, 4), torch.randn(6, 2)
+    out = []
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.inference_mode():
+            pred = m(x)
+            row = pred[0]
+            w0 = m[0].weight[0]
+            pred.mul_(2)
+            positives.add_((pred > 0).float().sum(0))
+            score = (pred - y).abs().mean(0)
+        out.append((loss.detach(), score, row.clone(), w0.sum(), positives._version,
+                    pred.is_inference(), row.is_inference(), w0.is_inference(), score.is_inference()))
+    return out + [p.detach().clone() for p in m.parameters()] + [positives]
+
+
+def inference_loop(steps):
+    """An evaluation loop wholly under torch.inference_mode, summing into a normal tensor."""
+    torch.manual_seed(42)
+    m = torch.nn.Sequential(torch.nn.Embedding(20, 8), torch.nn.Flatten(), torch.nn.Linear(24, 3)).eval()
+    data = [torch.randint(0, 20, (5, 3)) for _ in range(4)]
+    total = torch.zeros(3)
+    out = []
+    with torch.inference_mode():
+        for i in range(steps):
+            logits = m(data[i % 4])
+            total += logits.softmax(-1).sum(0)
+            out.append((logits.argmax(-1), logits.is_inference()))
+    return out + [total, total.is_inference(), total._version]
+
+
+def _flat(o):
+    return [t for v in o for t in _flat(v)] if isinstance(o, (list, tuple)) else [o]
+
+
+@pytest.mark.parametrize("program", [inference_mode_steps, inference_loop])
+def test_iterations_under_inference_mode_are_replayed_as_eager_ran_them(program):
+    # Blocks with an item under torch.inference_mode were refused until session 53: such a loop
+    # (an evaluation loop, a metric each step) ran op by op through the dispatcher.
+    eager = _flat(program(14))
+    coexec = _flat(terra.run(program, 14))
+    assert len(eager) == len(coexec)
+    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
+           if not (torch.equal(a, b) if torch.is_tensor(a) else (type(a) is type(b) and a == b))]
+    assert not bad, bad
+    s = terra.stats(program.__name__)
+    assert s["iterations_replayed"] >= 6, s
