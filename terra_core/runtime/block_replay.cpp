@@ -482,7 +482,6 @@ void BlockRecorder::refuse(std::string why) {
 void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& args, bool autograd) {
   if (refused()) return;
   Impl& m = *impl_;
-  if (item.autocast.cpu || item.autocast.cuda) return refuse("autocast");
   if (item.stream) {
     if (!m.accelerators)
       return refuse("an accelerator stream (not yet checked on a device: terra.config(accelerator_blocks=True))");
@@ -500,6 +499,7 @@ void BlockRecorder::begin_item(const WorkItem& item, const torch::jit::Stack& ar
   p.node = item.node;
   p.op = item.op;
   p.inference_mode = item.inference_mode;
+  p.autocast = item.autocast;
   p.kernels_begin = p.kernels_end = static_cast<uint32_t>(m.block.kernels.size());
   // Every tensor argument is re-read from the item at replay: the item names it, whatever made it.
   auto load = [&](const at::Tensor& t, uint32_t arg, int32_t elem) {
@@ -1448,7 +1448,7 @@ bool BlockReplayer::follows(uint32_t index, const WorkItem& item, uint64_t seq, 
   if (index >= block.items.size() || item.graph != block.graph) return false;
   const ItemPlan& p = block.items[index];
   if (item.kind != p.kind || item.node != p.node || item.op != p.op) return false;
-  if (item.autocast.cpu || item.autocast.cuda || item.inference_mode != p.inference_mode || item.stream) return false;
+  if (item.autocast != p.autocast || item.inference_mode != p.inference_mode || item.stream) return false;
   for (const auto& [arg, recorded] : p.guards)
     if (arg >= item.args.size() || !same_number(item.args[arg], recorded)) return false;
   if ((p.autograd || p.kind == OpKind::Backward) && !made_as_recorded(p, item, seq, seqs)) return false;

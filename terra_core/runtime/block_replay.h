@@ -19,9 +19,13 @@
 // the iteration keeps the autograd route) where replaying could differ from eager execution: a
 // tensor from outside the iteration that no item names, a generator object, a kernel returning a
 // host value inside a decomposition, hooks or Python in the backward, retain_graph/create_graph,
-// autocast, inference mode, items on more than one accelerator stream, a backward on the CPU and an
-// accelerator, tensor subclasses, conjugate/negative views, autograd history that no backward of
-// the iteration consumes, leaves made inside it. An accelerator's backward runs on the autograd
+// items on more than one accelerator stream, a backward on the CPU and an accelerator, tensor
+// subclasses, conjugate/negative views, autograd history that no backward of the iteration
+// consumes, leaves made inside it. Items under autocast or torch.inference_mode are recorded
+// (since session 53) with that state, which a replayed item must have too: autocast's casts are
+// kernels below its keys, recorded as the others (a weight cast its cache kept from an earlier
+// iteration is a tensor from outside the iteration, refused), and inference mode is set around
+// the item's kernels as when recorded, so they make inference tensors where eager's did. An accelerator's backward runs on the autograd
 // engine's device thread, whose kernels the hook records too (the engine carries the dispatch-key
 // TLS over); they are replayed on the GraphRunner thread, on the block's stream.
 //
@@ -55,6 +59,7 @@
 #include "openmp_team.h"
 #include "out_form.h"
 #include "random_fill.h"
+#include "thread_state.h"
 
 namespace torch::autograd {
 struct Node;
@@ -156,6 +161,9 @@ struct ItemPlan {
   // Ran under torch.inference_mode: replayed under it (GraphRunner::execute sets it per item), so
   // the kernels make inference tensors where eager's did; an item in the other mode leaves.
   bool inference_mode = false;
+  // Ran under autocast: its kernels are what autocast dispatched to (the casts included, below
+  // the Autocast keys), so they replay as recorded; an item under another state leaves.
+  AutocastState autocast;
   static constexpr uint32_t kNoBackward = UINT32_MAX;
   uint32_t covered_by = 0;
   struct Load {

@@ -955,3 +955,34 @@ def test_iterations_under_inference_mode_are_replayed_as_eager_ran_them(program)
     assert not bad, bad
     s = terra.stats(program.__name__)
     assert s["iterations_replayed"] >= 6, s
+
+
+def autocast_steps(steps):
+    """bf16 autocast around each step's forward (the region's weight casts made afresh each
+    step), its cache off for a stretch, one step in full precision, AdamW."""
+    torch.manual_seed(9)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    opt = torch.optim.AdamW(m.parameters(), lr=0.05)
+    x = torch.randn(4, 8)
+    out = []
+    for i in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=i != 11, cache_enabled=not 14 <= i < 18):
+            h = m(x)
+            loss = h.float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append((h.detach().clone(), h.dtype, loss.detach()))
+    return out + [p.detach().clone() for p in m.parameters()]
+
+
+def test_iterations_under_autocast_are_replayed_as_eager_ran_them():
+    # Blocks with an item under autocast were refused until session 53.
+    eager = _flat(autocast_steps(24))
+    coexec = _flat(terra.run(autocast_steps, 24))
+    assert len(eager) == len(coexec)
+    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
+           if not (torch.equal(a, b) if torch.is_tensor(a) else a == b)]
+    assert not bad, bad
+    s = terra.stats("autocast_steps")
+    assert s["iterations_replayed"] >= 10, s
