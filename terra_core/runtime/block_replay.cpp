@@ -407,8 +407,13 @@ struct BlockRecorder::Impl {
   bool device_backward = false;
   bool device_kernels = false;
 
-  // Autograd histories made by items, until a backward consumes them.
-  std::vector<std::pair<uint32_t, NodePtr>> pending;
+  // Autograd histories made by items (item index, output index, its grad_fn), until a backward
+  // consumes them.
+  struct Pending {
+    uint32_t item, out;
+    NodePtr node;
+  };
+  std::vector<Pending> pending;
   // The current backward: its leaves (index into block.leaves) and their gradients before it.
   struct LeafGrad {
     uint32_t leaf;
@@ -1072,8 +1077,11 @@ void BlockRecorder::after_backward() {
   // The histories this backward consumed.
   auto& pending = m.pending;
   for (auto it = pending.begin(); it != pending.end();) {
-    if (m.reached.count(it->second.get())) {
-      m.block.items[it->first].covered_by = m.index;
+    if (m.reached.count(it->node.get())) {
+      ItemPlan& made = m.block.items[it->item];
+      if (made.covered_by != m.index) made.consumed_outs.clear();  // a later backward's, if any
+      made.covered_by = m.index;
+      made.consumed_outs.push_back(it->out);
       it = pending.erase(it);
     } else {
       ++it;
@@ -1115,7 +1123,7 @@ void BlockRecorder::end_item(const WorkItem& item, const std::vector<at::Tensor>
         auto fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (fn) {
           // Not grad_fn(): that accessor re-checks views made under no_grad and may raise.
-          m.pending.emplace_back(m.index, node_ptr(fn));
+          m.pending.push_back({m.index, static_cast<uint32_t>(k), node_ptr(fn)});
           history = true;
           auto& names = m.block.grad_fn_names;
           const std::string name = fn->name();
@@ -1183,11 +1191,14 @@ void plan_lanes(Block& block) {
 
 std::unique_ptr<Block> BlockRecorder::finish() {
   Impl& m = *impl_;
-  for (const auto& [item, node] : m.pending) {
-    uint32_t& covered = m.block.items[item].covered_by;
-    if (covered != 0 && covered != ItemPlan::kNoBackward)
-      refuse("autograd history of one item that a backward of the iteration consumes in part");
-    covered = ItemPlan::kNoBackward;
+  for (const Impl::Pending& left : m.pending) {
+    ItemPlan& made = m.block.items[left.item];
+    if (made.covered_by == 0 || made.covered_by == ItemPlan::kNoBackward) {
+      made.covered_by = ItemPlan::kNoBackward;
+    } else if (!made.partial) {  // consumed in part: see ItemPlan::partial
+      made.partial = true;
+      m.block.items[made.covered_by].partial_items.push_back(left.item);
+    }
   }
   if (!refused() && m.block.items.empty()) refuse("an empty iteration");
   if (refused()) return nullptr;
@@ -1569,8 +1580,10 @@ bool BlockReplayer::bind(WorkItem& item, const std::function<void(WorkItem&)>& e
   return true;
 }
 
-void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) {
-  walk_autograd_graph(root_nodes(roots), [](torch::autograd::Node& n) {
+void BlockReplayer::release_graph(const std::vector<at::Tensor>& roots) { release_nodes(root_nodes(roots)); }
+
+void BlockReplayer::release_nodes(std::vector<torch::autograd::Node*> starts) {
+  walk_autograd_graph(std::move(starts), [](torch::autograd::Node& n) {
     n.release_variables();
     return true;
   });

@@ -158,6 +158,16 @@ struct ItemPlan {
   // detached for the discriminator's step) is made again: the item is bound (BlockReplayer::bind)
   // every time, so a tensor the program keeps has eager's autograd graph for a later backward.
   bool autograd = false;
+  // Its outputs' histories, consumed in part by the backward `covered_by` (an LSTM's output is,
+  // its last hidden and cell states are not): `consumed_outs` are the outputs whose history that
+  // backward reached. Such an item is bound every time (its outputs get eager's autograd graph,
+  // for a later backward through the others), the backward replayed below autograd, and then what
+  // it reached of the bound graph from `consumed_outs` has its saved tensors freed, as eager's
+  // backward frees them (a second backward through them raises as eagerly).
+  bool partial = false;
+  std::vector<uint32_t> consumed_outs;
+  // Backward: the partial items whose bound graphs it consumed in part (their release).
+  std::vector<uint32_t> partial_items;
   // Ran under torch.inference_mode: replayed under it (GraphRunner::execute sets it per item), so
   // the kernels make inference tensors where eager's did; an item in the other mode leaves.
   bool inference_mode = false;
@@ -359,6 +369,7 @@ class BlockReplayer {
   // After a replayed backward whose forward was bound: frees the saved tensors of the autograd
   // graph behind `roots`, as eager's backward does (a second backward raises as in eager).
   static void release_graph(const std::vector<at::Tensor>& roots);
+  static void release_nodes(std::vector<torch::autograd::Node*> starts);  // and all they reach
   uint32_t next() const { return next_; }
   const Block* block() const { return block_; }
   // What its kernels did so far (GraphRunner::flush_counts hands the differences to the graph's

@@ -201,10 +201,14 @@ struct BlockStore {
   KernelCounts counted;  // replayer.counts() at the last flush_counts
   bool binding = false;  // the forward's items run through autograd, bound to the block
   bool bound = false;    // some item of this iteration was bound
+  // The grad_fns of partial items' consumed outputs (ItemPlan::partial), by the index of the
+  // backward after which what it reached of their graphs is freed.
+  std::vector<std::pair<uint32_t, NodePtr>> partial_roots;
   void abandon() {
     seqs.clear();
     scanned = 0;
     binding = bound = false;
+    partial_roots.clear();
     recorder.reset();
     replayer.finish();
     state = State::PerOp;
@@ -702,6 +706,13 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
   // history (the backward) is replayed again.
   if (b.binding && p.autograd) return bind(item, b);
   if (p.autograd && p.covered_by == ItemPlan::kNoBackward) return bind(item, b, /*alone=*/true);
+  if (p.autograd && p.partial) {
+    bind(item, b, /*alone=*/true);
+    for (uint32_t o : p.consumed_outs)
+      if (o < item.outs.size() && item.outs[o] && item.outs[o]->value.defined())
+        if (auto fn = item.outs[o]->value.grad_fn()) b.partial_roots.emplace_back(p.covered_by, std::move(fn));
+    return true;
+  }
   b.binding = false;
   if (p.kind == OpKind::Backward && !looked_ahead &&
       !b.replayer.grads_as_recorded(index, earlier, cleared_before(seq, seq)))
@@ -735,8 +746,19 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     BlockReplayer::release_graph(tensors_of(item.args.at(0)));
     b.bound = false;
   }
+  if (!p.partial_items.empty()) release_partial(b, index);
   ++b.items;
   return true;
+}
+
+void GraphRunner::release_partial(BlockStore& b, uint32_t backward) {
+  std::vector<torch::autograd::Node*> reached;
+  auto& roots = b.partial_roots;
+  for (const auto& [index, fn] : roots)
+    if (index == backward) reached.push_back(fn.get());
+  BlockReplayer::release_nodes(std::move(reached));
+  roots.erase(std::remove_if(roots.begin(), roots.end(), [&](const auto& r) { return r.first == backward; }),
+              roots.end());
 }
 
 bool GraphRunner::extra_grad_read(WorkItem& item) {

@@ -273,6 +273,9 @@ class GraphRunner {
   // no backward of the block), not the forward up to the block's backward.
   bool bind(WorkItem& item, BlockStore& b, bool alone = false);
   bool extra_grad_read(WorkItem& item);      // true: a read the block lacks, run in its place
+  // After the replayed backward `backward` (its index in the block): frees what it reached of the
+  // bound graphs of the partial items it consumed in part (ItemPlan::partial).
+  void release_partial(BlockStore& b, uint32_t backward);
   uint32_t second_node(const WorkItem& first, uint64_t seq);  // of the iteration starting at seq
   // Block replay: of the iteration starting with `item`, at an entry with several paths, which
   // path's block to replay (or, none following, whether to record this one's).
