@@ -1,7 +1,8 @@
-"""Loops under autocast or torch.inference_mode: eager, Terra, and Terra with block replay off.
+"""Loops whose blocks were refused until session 53: eager, Terra, Terra with block replay off.
 
-Until session 53 a block with an item under autocast or inference mode was refused, so such a
-loop co-executed op by op through the dispatcher (what `replay=off` still does). Two loops, each
+Until session 53 a block with an item under autocast or inference mode was refused, and so was one
+with an item whose autograd history the backward consumes in part (an RNN module's last states):
+such a loop co-executed op by op through the dispatcher (what `replay=off` still does). Each loop
 in fresh processes per mode, modes alternated in every round (steady time per step over
 400-step calls, as bench/long_run.py: a 100-step and a 400-step call on one state after 50
 untimed steps, steady = their difference / 300):
@@ -9,7 +10,10 @@ untimed steps, steady = their difference / 300):
 - `autocast_mlp`: a 3-layer MLP (64-128-128-10, batch 32) trained with bf16 autocast around
   each step's forward, AdamW;
 - `inference_eval`: an evaluation loop under torch.inference_mode over 16 batches (embedding, a
-  transformer encoder layer of width 64, a linear head), summing the top-class probability.
+  transformer encoder layer of width 64, a linear head), summing the top-class probability;
+- `lstm_lm`: a character-level language model (embedding 64, a 2-layer nn.LSTM of width 128, a
+  linear head over 80 symbols; batches of 16 sequences of 32), its loss on the LSTM's output only,
+  gradient clipping, Adam.
 
     .venv/bin/python bench/modes_replayed.py [--rounds 3] [--name modes_replayed]
 
@@ -28,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ab import run_child  # noqa: E402
 
-LOOPS = ("autocast_mlp", "inference_eval")
+LOOPS = ("autocast_mlp", "inference_eval", "lstm_lm")
 MODES = {"eager": {}, "terra": {}, "terra, replay off": {"TERRA_REPLAY": "0"}}
 
 
@@ -51,6 +55,23 @@ def make(loop):
                 opt.step()
             return loss
         return train
+    if loop == "lstm_lm":
+        emb, lstm, head = nn.Embedding(80, 64), nn.LSTM(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 80)
+        params = [*emb.parameters(), *lstm.parameters(), *head.parameters()]
+        opt = torch.optim.Adam(params, lr=2e-3)
+        text = torch.randint(0, 80, (64, 33))
+
+        def train_lm(n):
+            for i in range(n):
+                batch = text[(i % 4) * 16:(i % 4) * 16 + 16]
+                out, _ = lstm(emb(batch[:, :-1]))
+                loss = nn.functional.cross_entropy(head(out).reshape(-1, 80), batch[:, 1:].reshape(-1))
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+            return loss
+        return train_lm
     layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
     model = nn.Sequential(nn.Embedding(100, 64), layer, nn.Linear(64, 10)).eval()
     data = [torch.randint(0, 100, (8, 16)) for _ in range(16)]
@@ -85,7 +106,7 @@ def child(loop, mode):
     out = run(400)
     t400 = time.perf_counter() - t
     s = terra.stats() if mode != "eager" else {}
-    print(json.dumps({"steady_ms": (t400 - t100) / 300 * 1e3, "result": float(out),
+    print(json.dumps({"steady_ms": (t400 - t100) / 300 * 1e3, "result": float(out.detach() if hasattr(out, "detach") else out),
                       "replayed": s.get("iterations_replayed", 0), "eager_chosen": s.get("iterations_eager_chosen", 0),
                       "coexecuted": s.get("iterations_coexecuted", 0), "refusal": s.get("replay_refusal", "")}))
 
