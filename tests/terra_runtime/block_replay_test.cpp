@@ -50,6 +50,8 @@ class Issuer {
   void set_watch(DeadValueWatch* w) { watch_ = w; }
 
   void begin_iteration() { ++iteration_; node_ = 0; }
+  // The items issued from now on ran under torch.inference_mode (WorkItem::inference_mode).
+  void set_inference(bool on) { inference_ = on; }
   void end_iteration() { r_.issue_control(OpKind::EndIteration); }
 
   // An ATen op; returns placeholders for its `outputs` tensor outputs (metadata from `like`).
@@ -102,7 +104,7 @@ class Issuer {
     item.kind = kind;
     item.op = nullptr;
     item.grad_mode = grad_mode;
-    item.inference_mode = false;
+    item.inference_mode = inference_;
     item.autocast = AutocastState{};
     item.args = std::move(args);
     item.expect = nullptr;
@@ -117,6 +119,7 @@ class Issuer {
   GraphRunner& r_;
   DeadValueWatch* watch_ = nullptr;
   uint64_t iteration_ = 1000;
+  bool inference_ = false;
   uint32_t node_ = 0;
   uint64_t last_ = 0;
 };
@@ -515,6 +518,105 @@ TEST(BlockReplay, ASecondBackwardThroughABoundForwardRaisesAsInEager) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
   }
+}
+
+TEST(BlockReplay, ItemsUnderInferenceModeAreReplayedAndMakeInferenceTensorsAsInEager) {
+  // acc += relu(x @ w) * lr under inference mode: the product and the activation are inference
+  // tensors, `acc` a normal tensor written in place (its version bumps), `lr` a feed.
+  at::manual_seed(8);
+  const at::Tensor x = at::randn({5, 4}), w = at::randn({4, 3});
+  at::Tensor acc_eager = at::zeros({5, 3}), acc = at::zeros({5, 3});
+  const int64_t eager_version = acc_eager._version(), coexec_version = acc._version();
+  GraphRunner runner;
+  Issuer is(runner);
+  at::Tensor last, like;
+  {
+    c10::InferenceMode guard;
+    like = x.mm(w);
+  }
+  for (int i = 0; i < 6; ++i) {
+    const double lr = 1.0 / (1 + i);
+    {
+      c10::InferenceMode guard;
+      acc_eager.add_(at::relu(x.mm(w)), lr);
+    }
+    is.begin_iteration();
+    is.set_inference(true);
+    const at::Tensor h = is.aten(op("aten::mm", ""), {x, w}, false, {like})[0];
+    last = is.aten(op("aten::relu", ""), {h}, false, {like})[0];
+    is.aten(op("aten::add_", "Tensor"), {acc, last, lr}, false, {});
+    is.set_inference(false);
+    is.end_iteration();
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(acc_eager, acc));
+  EXPECT_EQ(acc_eager._version() - eager_version, acc._version() - coexec_version);
+  EXPECT_TRUE(resolve_placeholder(last).is_inference());
+  EXPECT_FALSE(acc.is_inference());
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
+  EXPECT_EQ(c.iterations, 5u) << c.last_left;
+}
+
+TEST(BlockReplay, AnItemWhoseHistoryTheBackwardConsumesInPartIsBoundAndTheRestReplayed) {
+  // An LSTM cell whose loss reads its cell state only: the hidden state's history (its own
+  // nodes, into the cell state's) is left by the backward. The cell is bound each iteration, the
+  // backward and the update replayed; a backward through the kept hidden state then raises as
+  // eagerly (the cell state's nodes it reaches were freed by the first backward).
+  at::manual_seed(9);
+  at::Tensor w_ih = at::randn({16, 4}).requires_grad_(), w_hh = at::randn({16, 4}).requires_grad_();
+  at::Tensor e_ih = w_ih.detach().clone().requires_grad_(), e_hh = w_hh.detach().clone().requires_grad_();
+  const at::Tensor x = at::randn({3, 4}), h0 = at::randn({3, 4}), c0 = at::randn({3, 4});
+  const c10::List<at::Tensor> hx({h0, c0});
+  GraphRunner runner;
+  Issuer is(runner);
+  at::Tensor hy_kept, eager_hy;
+  for (int i = 0; i < 6; ++i) {
+    {
+      e_ih.mutable_grad() = at::Tensor();
+      e_hh.mutable_grad() = at::Tensor();
+      auto [hy, cy] = at::lstm_cell(x, {h0, c0}, e_ih, e_hh);
+      torch::autograd::backward({cy.sum()});
+      at::NoGradGuard no_grad;
+      e_ih.add_(e_ih.grad(), -0.1);
+      e_hh.add_(e_hh.grad(), -0.1);
+      eager_hy = hy;
+    }
+    is.begin_iteration();
+    is.grad_write_none(w_ih);
+    is.grad_write_none(w_hh);
+    const at::Tensor like = h0.detach().clone().requires_grad_();
+    auto outs = is.aten(op("aten::lstm_cell", ""), {x, hx, w_ih, w_hh, c10::IValue(), c10::IValue()}, true,
+                        {like, like});
+    const at::Tensor loss = is.aten(op("aten::sum", ""), {outs[1], c10::IValue()}, true, {like.sum()})[0];
+    is.backward(loss);
+    const at::Tensor g_ih = is.grad_read(w_ih, w_ih.detach()), g_hh = is.grad_read(w_hh, w_hh.detach());
+    is.aten(op("aten::add_", "Tensor"), {w_ih, g_ih, -0.1}, false, {});
+    is.aten(op("aten::add_", "Tensor"), {w_hh, g_hh, -0.1}, false, {});
+    is.end_iteration();
+    hy_kept = outs[0];
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(w_ih, e_ih));
+  EXPECT_TRUE(same(w_hh, e_hh));
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
+  EXPECT_EQ(c.iterations, 5u) << c.last_left;
+  EXPECT_GE(c.bound, 5u);  // the cell, every replayed iteration
+  auto second_backward = [](const at::Tensor& hy) {
+    try {
+      torch::autograd::backward({hy.sum()});
+      return std::string("no error");
+    } catch (const c10::Error& e) {
+      return std::string(e.what()).substr(0, 40);
+    }
+  };
+  const at::Tensor hy = resolve_placeholder(hy_kept);
+  ASSERT_TRUE(hy.requires_grad());
+  EXPECT_EQ(second_backward(hy), second_backward(eager_hy));
+  EXPECT_NE(second_backward(eager_hy), "no error");
 }
 
 // Executed items are dropped by the program thread's reclaim(): those with tiny outputs in
