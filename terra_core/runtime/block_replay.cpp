@@ -412,8 +412,10 @@ struct BlockRecorder::Impl {
   struct Pending {
     uint32_t item, out;
     NodePtr node;
+    bool retained = false;  // reached by a backward that kept the graph (retain_graph=True)
   };
   std::vector<Pending> pending;
+  bool retain_graph = false;  // the current backward's
   // The current backward: its leaves (index into block.leaves) and their gradients before it.
   struct LeafGrad {
     uint32_t leaf;
@@ -1008,8 +1010,9 @@ void BlockRecorder::kernel_end(const torch::jit::Stack& stack, uint64_t ran_ns) 
 void BlockRecorder::before_backward(const std::vector<at::Tensor>& roots, bool retain_graph,
                                     bool create_graph) {
   if (refused()) return;
-  if (retain_graph || create_graph) return refuse("retain_graph or create_graph");
+  if (create_graph) return refuse("create_graph");
   Impl& m = *impl_;
+  m.retain_graph = retain_graph;
   m.leaves.clear();
   m.reached.clear();
   bool cpu_nodes = false, device_nodes = false;
@@ -1082,6 +1085,11 @@ void BlockRecorder::after_backward() {
       if (made.covered_by != m.index) made.consumed_outs.clear();  // a later backward's, if any
       made.covered_by = m.index;
       made.consumed_outs.push_back(it->out);
+      if (m.retain_graph) {  // still there for a later backward: consumed by the last one
+        it->retained = true;
+        ++it;
+        continue;
+      }
       it = pending.erase(it);
     } else {
       ++it;
@@ -1191,6 +1199,10 @@ void plan_lanes(Block& block) {
 
 std::unique_ptr<Block> BlockRecorder::finish() {
   Impl& m = *impl_;
+  // A history whose last backward kept the graph (retain_graph=True) is still eager's to use
+  // after the iteration: the item is bound each time, its graph made and kept as eagerly.
+  for (const Impl::Pending& left : m.pending)
+    if (left.retained) m.block.items[left.item].covered_by = ItemPlan::kNoBackward;
   for (const Impl::Pending& left : m.pending) {
     ItemPlan& made = m.block.items[left.item];
     if (made.covered_by == 0 || made.covered_by == ItemPlan::kNoBackward) {

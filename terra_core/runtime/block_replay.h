@@ -18,14 +18,16 @@
 // is read by comparing the gradients before and after the backward. A recording is refused (and
 // the iteration keeps the autograd route) where replaying could differ from eager execution: a
 // tensor from outside the iteration that no item names, a generator object, a kernel returning a
-// host value inside a decomposition, hooks or Python in the backward, retain_graph/create_graph,
+// host value inside a decomposition, hooks or Python in the backward, create_graph,
 // items on more than one accelerator stream, a backward on the CPU and an accelerator, tensor
 // subclasses, conjugate/negative views, autograd history that no backward of the iteration
 // consumes, leaves made inside it. Items under autocast or torch.inference_mode are recorded
 // (since session 53) with that state, which a replayed item must have too: autocast's casts are
 // kernels below its keys, recorded as the others (a weight cast its cache kept from an earlier
 // iteration is a tensor from outside the iteration, refused), and inference mode is set around
-// the item's kernels as when recorded, so they make inference tensors where eager's did. An accelerator's backward runs on the autograd
+// the item's kernels as when recorded, so they make inference tensors where eager's did. A
+// backward with retain_graph=True leaves the histories it reaches to a later backward; a history
+// whose last backward kept the graph is bound each time (eager's graph, kept). An accelerator's backward runs on the autograd
 // engine's device thread, whose kernels the hook records too (the engine carries the dispatch-key
 // TLS over); they are replayed on the GraphRunner thread, on the block's stream.
 //

@@ -1052,3 +1052,49 @@ def test_an_item_whose_history_the_backward_consumes_in_part_is_bound_and_the_re
     assert not bad, bad
     s = terra.stats(program.__name__)
     assert s["iterations_replayed"] >= replayed, s
+
+
+def retained_steps(steps, kept=False):
+    """Two heads on one encoder: two losses, the first backward keeping the graph for the second
+    (retain_graph=True); with `kept`, one backward over both and an auxiliary loss whose graph is
+    kept (retain_graph=True as the iteration's last backward) and backpropagated through again a
+    few steps later, as eager allows."""
+    torch.manual_seed(5)
+    enc = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh())
+    h1, h2 = torch.nn.Linear(16, 1), torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD([*enc.parameters(), *h1.parameters(), *h2.parameters()], lr=0.05, momentum=0.9)
+    x, y1, y2 = torch.randn(8, 6), torch.randn(8, 1), torch.randn(8, 2)
+    s = torch.ones(8, 16, requires_grad=True)
+    old = None
+    out = []
+    for i in range(steps):
+        z = enc(x)
+        l1, l2 = (h1(z) - y1).pow(2).mean(), (h2(z) - y2).pow(2).mean()
+        opt.zero_grad()
+        if not kept:
+            l1.backward(retain_graph=True)
+            l2.backward()
+        else:
+            (l1 + l2).backward()
+            aux = (s * z.detach()).pow(2).sum()
+            aux.backward(retain_graph=True)
+            if old is not None and i % 4 == 3:
+                old.backward()
+            old = aux
+        opt.step()
+        out.append((l1.detach(), l2.detach(), enc[0].weight.grad.clone(), s.grad is None or s.grad.clone()))
+    return out + [p.detach().clone() for p in enc.parameters()]
+
+
+@pytest.mark.parametrize("kept, replayed", [(False, 8), (True, 4)], ids=["two-losses", "graph-kept"])
+def test_a_backward_that_keeps_the_graph_is_replayed_and_the_graph_kept_as_eagerly(kept, replayed):
+    # retain_graph=True refused the block until session 53. A history whose last backward keeps
+    # the graph is bound each time: its graph is eager's, there for a later backward.
+    eager = _flat(retained_steps(16, kept))
+    coexec = _flat(terra.run(retained_steps, 16, kept))
+    assert len(eager) == len(coexec)
+    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
+           if not (torch.equal(a, b) if torch.is_tensor(a) else a == b)]
+    assert not bad, bad
+    s = terra.stats("retained_steps")
+    assert s["iterations_replayed"] >= replayed, s
