@@ -1071,6 +1071,32 @@ def prog_compiled_module(steps=6, backend="eager", form="module"):
     return out + [p.detach().clone() for p in model.parameters()]
 
 
+def prog_tbptt(steps=14):
+    # Truncated backpropagation through time: an LSTM language model whose carried hidden state
+    # is detached each step (its last states the loss leaves: replayed since session 53), dropout
+    # between its layers, clipping, AdamW.
+    torch.manual_seed(11)
+    rnn = nn.LSTM(8, 12, num_layers=2, batch_first=True, dropout=0.3)
+    emb, head = nn.Embedding(30, 8), nn.Linear(12, 30)
+    params = [*rnn.parameters(), *emb.parameters(), *head.parameters()]
+    opt = torch.optim.AdamW(params, lr=3e-3)
+    data = torch.randint(0, 30, (4, 16 * 6 + 1))
+    hidden = None
+    out = []
+    for i in range(steps):
+        j = (i % 6) * 16
+        x, y = data[:, j:j + 16], data[:, j + 1:j + 17]
+        if hidden is not None:
+            hidden = tuple(h.detach() for h in hidden)
+        o, hidden = rnn(emb(x), hidden)
+        loss = F.cross_entropy(head(o).reshape(-1, 30), y.reshape(-1))
+        opt.zero_grad(); loss.backward()
+        nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        out.append((loss.detach(), hidden[0].detach().clone()))
+    return out + [p.detach().clone() for p in params]
+
+
 def prog_compiled_function(steps=6):
     return prog_compiled_module(steps, form="function")
 
@@ -1172,7 +1198,7 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-PROGRAMS = [prog_torchscript, prog_jit_trace, prog_compiled_module, prog_compiled_function, prog_fx_traced, prog_optimizer_in_backward,
+PROGRAMS = [prog_torchscript, prog_jit_trace, prog_compiled_module, prog_compiled_function, prog_tbptt, prog_fx_traced, prog_optimizer_in_backward,
             prog_anomaly_mode, prog_forward_ad, prog_parametrizations, prog_gan_clears, prog_clears_by_step, prog_retain_clear, prog_ckpt_roundtrip, prog_replay_buffer, prog_globals_closures, prog_distributions, prog_mha, prog_vision, prog_leaf_edits, prog_inference, prog_dtype_switch, prog_module_swap, prog_linalg, prog_misc_ops, prog_complex, prog_out_args, prog_strided_params, prog_grad_hooks, prog_func_transforms, prog_optims, prog_scaler, prog_sparse, prog_ema, prog_state_dict, prog_norms, prog_rnn, prog_buffers, prog_inplace_index, prog_hooks, prog_views, prog_train_eval, prog_autocast, prog_generator, prog_data_dep, prog_shapes, prog_rnn_packed, prog_freeze, prog_exceptions, prog_generator_loop, prog_reseed, prog_spectral, prog_gp, prog_war, prog_accum, prog_tensor_hooks, prog_sparse_ops, prog_checkpointing]
 
 
