@@ -943,17 +943,23 @@ def _flat(o):
     return [t for v in o for t in _flat(v)] if isinstance(o, (list, tuple)) else [o]
 
 
-@pytest.mark.parametrize("program", [inference_mode_steps, inference_loop])
-def test_iterations_under_inference_mode_are_replayed_as_eager_ran_them(program):
-    # Blocks with an item under torch.inference_mode were refused until session 53: such a loop
-    # (an evaluation loop, a metric each step) ran op by op through the dispatcher.
-    eager = _flat(program(14))
-    coexec = _flat(terra.run(program, 14))
+def _coexecuted_as_eager(program, *args):
+    """`program(*args)` eagerly, then through terra.run: every value it returns bitwise equal (and
+    every Python value equal, of the same type); the graph's stats."""
+    eager = _flat(program(*args))
+    coexec = _flat(terra.run(program, *args))
     assert len(eager) == len(coexec)
     bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
            if not (torch.equal(a, b) if torch.is_tensor(a) else (type(a) is type(b) and a == b))]
     assert not bad, bad
-    s = terra.stats(program.__name__)
+    return terra.stats(program.__name__)
+
+
+@pytest.mark.parametrize("program", [inference_mode_steps, inference_loop])
+def test_iterations_under_inference_mode_are_replayed_as_eager_ran_them(program):
+    # Blocks with an item under torch.inference_mode were refused until session 53: such a loop
+    # (an evaluation loop, a metric each step) ran op by op through the dispatcher.
+    s = _coexecuted_as_eager(program, 14)
     assert s["iterations_replayed"] >= 6, s
 
 
@@ -978,13 +984,7 @@ def autocast_steps(steps):
 
 def test_iterations_under_autocast_are_replayed_as_eager_ran_them():
     # Blocks with an item under autocast were refused until session 53.
-    eager = _flat(autocast_steps(24))
-    coexec = _flat(terra.run(autocast_steps, 24))
-    assert len(eager) == len(coexec)
-    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
-           if not (torch.equal(a, b) if torch.is_tensor(a) else a == b)]
-    assert not bad, bad
-    s = terra.stats("autocast_steps")
+    s = _coexecuted_as_eager(autocast_steps, 24)
     assert s["iterations_replayed"] >= 10, s
 
 
@@ -1044,13 +1044,7 @@ def broadcast_steps(steps):
 def test_an_item_whose_history_the_backward_consumes_in_part_is_bound_and_the_rest_replayed(program, args, replayed):
     # nn.LSTM's last states (and any output of an item the backward does not reach) kept such
     # iterations off replay until session 53 ("consumed in part"): every RNN module's training.
-    eager = _flat(program(16, *args))
-    coexec = _flat(terra.run(program, 16, *args))
-    assert len(eager) == len(coexec)
-    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
-           if not (torch.equal(a, b) if torch.is_tensor(a) else a == b)]
-    assert not bad, bad
-    s = terra.stats(program.__name__)
+    s = _coexecuted_as_eager(program, 16, *args)
     assert s["iterations_replayed"] >= replayed, s
 
 
@@ -1090,11 +1084,5 @@ def retained_steps(steps, kept=False):
 def test_a_backward_that_keeps_the_graph_is_replayed_and_the_graph_kept_as_eagerly(kept, replayed):
     # retain_graph=True refused the block until session 53. A history whose last backward keeps
     # the graph is bound each time: its graph is eager's, there for a later backward.
-    eager = _flat(retained_steps(16, kept))
-    coexec = _flat(terra.run(retained_steps, 16, kept))
-    assert len(eager) == len(coexec)
-    bad = [i for i, (a, b) in enumerate(zip(eager, coexec))
-           if not (torch.equal(a, b) if torch.is_tensor(a) else a == b)]
-    assert not bad, bad
-    s = terra.stats("retained_steps")
+    s = _coexecuted_as_eager(retained_steps, 16, kept)
     assert s["iterations_replayed"] >= replayed, s
