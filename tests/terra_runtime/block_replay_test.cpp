@@ -50,8 +50,10 @@ class Issuer {
   void set_watch(DeadValueWatch* w) { watch_ = w; }
 
   void begin_iteration() { ++iteration_; node_ = 0; }
-  // The items issued from now on ran under torch.inference_mode (WorkItem::inference_mode).
+  // The items issued from now on ran under torch.inference_mode (WorkItem::inference_mode), and
+  // under this autocast state (WorkItem::autocast).
   void set_inference(bool on) { inference_ = on; }
+  void set_autocast(const AutocastState& state) { autocast_ = state; }
   void end_iteration() { r_.issue_control(OpKind::EndIteration); }
 
   // An ATen op; returns placeholders for its `outputs` tensor outputs (metadata from `like`).
@@ -74,11 +76,11 @@ class Issuer {
     last_ = r_.issue(bytes);
     return outs;
   }
-  void backward(const at::Tensor& root) {
+  void backward(const at::Tensor& root, bool retain_graph = false) {
     c10::List<at::Tensor> roots({root});
     c10::impl::GenericList grads(c10::OptionalType::create(c10::TensorType::get()));
     grads.push_back(c10::IValue());
-    fill(OpKind::Backward, {roots, grads, false, false}, true);
+    fill(OpKind::Backward, {roots, grads, retain_graph, false}, true);
     last_ = r_.issue();
   }
   // `.grad` of `leaf` (defined: whether the program knows it is).
@@ -105,7 +107,7 @@ class Issuer {
     item.op = nullptr;
     item.grad_mode = grad_mode;
     item.inference_mode = inference_;
-    item.autocast = AutocastState{};
+    item.autocast = autocast_;
     item.args = std::move(args);
     item.expect = nullptr;
     item.node = ++node_;
@@ -120,6 +122,7 @@ class Issuer {
   DeadValueWatch* watch_ = nullptr;
   uint64_t iteration_ = 1000;
   bool inference_ = false;
+  AutocastState autocast_;
   uint32_t node_ = 0;
   uint64_t last_ = 0;
 };
@@ -617,6 +620,91 @@ TEST(BlockReplay, AnItemWhoseHistoryTheBackwardConsumesInPartIsBoundAndTheRestRe
   ASSERT_TRUE(hy.requires_grad());
   EXPECT_EQ(second_backward(hy), second_backward(eager_hy));
   EXPECT_NE(second_backward(eager_hy), "no error");
+}
+
+TEST(BlockReplay, ItemsUnderAutocastAreReplayedWithTheCastsAutocastMade) {
+  // h = x @ w under bf16 autocast (the mm runs in bf16 on casts of both arguments, the weight's
+  // cast made afresh each step with the cache off), the loss in float32 after it, SGD.
+  at::manual_seed(10);
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
+  AutocastState bf16;
+  bf16.cpu = true;
+  bf16.cache = false;
+  GraphRunner runner;
+  Issuer is(runner);
+  auto under_bf16 = [&](const std::function<at::Tensor()>& f) {
+    const AutocastState before = AutocastState::current();
+    bf16.apply();
+    at::Tensor out = f();
+    before.apply();
+    return out;
+  };
+  at::Tensor last_h;
+  for (int i = 0; i < 6; ++i) {
+    eager.w.mutable_grad() = at::Tensor();
+    const at::Tensor h = under_bf16([&] { return eager.x.mm(eager.w); });
+    ASSERT_EQ(h.scalar_type(), at::kBFloat16);
+    torch::autograd::backward({h.to(at::kFloat).pow(2).sum()});
+    {
+      at::NoGradGuard no_grad;
+      eager.w.add_(eager.w.grad(), -0.01);
+    }
+    is.begin_iteration();
+    is.grad_write_none(coexec.w);
+    is.set_autocast(bf16);
+    const at::Tensor h_like = under_bf16([&] { return coexec.x.mm(coexec.w.detach()).requires_grad_(); });
+    const at::Tensor hc = is.aten(op("aten::mm", ""), {coexec.x, coexec.w}, true, {h_like})[0];
+    is.set_autocast(AutocastState{});
+    const at::Tensor f_like = h_like.detach().to(at::kFloat).requires_grad_();
+    const at::Tensor hf = is.aten(op("aten::_to_copy", ""), {hc, at::kFloat, c10::IValue(), c10::IValue(),
+                                                            c10::IValue(), false, c10::IValue()}, true, {f_like})[0];
+    const at::Tensor p = is.aten(op("aten::pow", "Tensor_Scalar"), {hf, 2}, true, {f_like})[0];
+    const at::Tensor loss = is.aten(op("aten::sum", ""), {p, c10::IValue()}, true, {f_like.sum()})[0];
+    coexec.issue_backward_and_update(is, loss, 0.01);
+    last_h = hc;
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_EQ(resolve_placeholder(last_h).scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
+  EXPECT_EQ(c.iterations, 5u) << c.last_left;
+}
+
+TEST(BlockReplay, ABackwardThatKeepsTheGraphLeavesItToALaterBackwardAsInEager) {
+  // Two backwards through one forward, the first with retain_graph=True: both replayed, and the
+  // forward waits for the second; the gradients accumulate as eagerly.
+  at::manual_seed(11);
+  SgdProgram eager;
+  SgdProgram coexec = eager.twin();
+  GraphRunner runner;
+  Issuer is(runner);
+  for (int i = 0; i < 6; ++i) {
+    eager.w.mutable_grad() = at::Tensor();
+    const at::Tensor h = eager.x.mm(eager.w);
+    torch::autograd::backward({h.sum()}, {}, /*keep_graph=*/true);
+    torch::autograd::backward({h.pow(2).sum()});
+    {
+      at::NoGradGuard no_grad;
+      eager.w.add_(eager.w.grad(), -0.01);
+    }
+    at::Tensor like;
+    const at::Tensor hc = coexec.issue_forward_start(is, &like);
+    const at::Tensor l1 = is.aten(op("aten::sum", ""), {hc, c10::IValue()}, true, {like.sum()})[0];
+    is.backward(l1, /*retain_graph=*/true);
+    const at::Tensor p = is.aten(op("aten::pow", "Tensor_Scalar"), {hc, 2}, true, {like})[0];
+    const at::Tensor l2 = is.aten(op("aten::sum", ""), {p, c10::IValue()}, true, {like.sum()})[0];
+    coexec.issue_backward_and_update(is, l2, 0.01);
+  }
+  runner.drain();
+  ASSERT_FALSE(runner.failed());
+  EXPECT_TRUE(same(eager.w, coexec.w));
+  EXPECT_TRUE(same(eager.w.grad(), coexec.w.grad()));
+  const auto c = runner.replay_counts();
+  EXPECT_EQ(c.recorded, 1u) << c.last_refusal;
+  EXPECT_EQ(c.iterations, 5u) << c.last_left;
 }
 
 // Executed items are dropped by the program thread's reclaim(): those with tiny outputs in
