@@ -1116,6 +1116,24 @@ def prog_pinn(steps=10):
     return out + [p.detach().clone() for p in net.parameters()]
 
 
+def prog_pinn(steps=10):
+    # A physics-informed loss: derivatives of the network's output by its input through
+    # torch.autograd.grad with create_graph=True, the residual's backward through them.
+    torch.manual_seed(12)
+    net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    out = []
+    for i in range(steps):
+        xt = torch.rand(32, 2, requires_grad=True)
+        u = net(xt)
+        g, = torch.autograd.grad(u.sum(), xt, create_graph=True)
+        u_xx = torch.autograd.grad(g[:, :1].sum(), xt, create_graph=True)[0][:, :1]
+        loss = (g[:, 1:] + u * g[:, :1] - 0.01 * u_xx).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        out.append(loss.detach())
+    return out + [p.detach().clone() for p in net.parameters()]
+
+
 def prog_compiled_function(steps=6):
     return prog_compiled_module(steps, form="function")
 
