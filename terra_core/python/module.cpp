@@ -102,19 +102,8 @@ py::object backward(py::object original, py::tuple t_outputs, py::args args, py:
   const bool plain = args.size() >= 3 && args.size() <= 5 &&
                      (inputs.is_none() || py::len(inputs) == 0) &&
                      arg(5, "accumulate_grad", py::bool_(true)).cast<bool>();
-  if (!plain && !arg(5, "accumulate_grad", py::bool_(true)).cast<bool>()) {
-    // torch.autograd.grad: its gradients are returned, no `.grad` changes. An opaque region: the
-    // GraphRunner catches up (the forward it ran through autograd gives eager's graph), the
-    // engine runs in the program's thread, and co-execution goes on after it (a gradient
-    // penalty, a physics-informed loss: until session 53 the rest of every iteration ran eagerly).
-    R().opaque_begin("torch.autograd.grad runs eagerly in the program's thread", "autograd.grad");
-    struct End {
-      ~End() { R().opaque_end(); }
-    } end;
-    return original(t_outputs, *args, **kwargs);
-  }
   if (!plain) {
-    R().barrier("backward(inputs=...) runs eagerly", "backward");
+    R().barrier("torch.autograd.grad and backward(inputs=...) run eagerly", "autograd.grad");
     return original(t_outputs, *args, **kwargs);
   }
   const py::tuple grad_tensors = args[0];

@@ -1099,25 +1099,6 @@ def prog_tbptt(steps=14):
 
 def prog_pinn(steps=10):
     # A physics-informed loss: derivatives of the network's output by its input through
-    # torch.autograd.grad with create_graph=True (an opaque region since session 53), the
-    # residual's backward through them.
-    torch.manual_seed(12)
-    net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    out = []
-    for i in range(steps):
-        xt = torch.rand(32, 2, requires_grad=True)
-        u = net(xt)
-        g, = torch.autograd.grad(u.sum(), xt, create_graph=True)
-        u_xx = torch.autograd.grad(g[:, :1].sum(), xt, create_graph=True)[0][:, :1]
-        loss = (g[:, 1:] + u * g[:, :1] - 0.01 * u_xx).pow(2).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
-        out.append(loss.detach())
-    return out + [p.detach().clone() for p in net.parameters()]
-
-
-def prog_pinn(steps=10):
-    # A physics-informed loss: derivatives of the network's output by its input through
     # torch.autograd.grad with create_graph=True, the residual's backward through them.
     torch.manual_seed(12)
     net = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1))
@@ -1250,17 +1231,6 @@ def test_a_notebook_pattern_runs_as_in_eager(program, fresh_graphs):
     assert not bad, bad[:10]
     stats = terra.stats(program.__name__)
     assert stats["iterations_coexecuted"] + stats["iterations_fallback"] >= 3, stats
-
-
-@pytest.mark.parametrize("program", [prog_gp, prog_pinn], ids=lambda p: p.__name__)
-def test_a_loop_calling_autograd_grad_co_executes_around_it(program, fresh_graphs):
-    # torch.autograd.grad was a barrier until session 53: the rest of every iteration ran eagerly
-    # (prog_gp, a WGAN-GP step, co-executed none of its iterations). Now an opaque region.
-    eager = flat(program())
-    coexecuted = flat(terra.run(program))
-    assert len(eager) == len(coexecuted) and all(same(a, b) for a, b in zip(eager, coexecuted))
-    stats = terra.stats(program.__name__)
-    assert stats["iterations_coexecuted"] >= 3 and stats["iterations_fallback"] == 0, stats
 
 
 def test_functorch_levels_are_restored_after_the_session(fresh_graphs):
