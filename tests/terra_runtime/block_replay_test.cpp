@@ -154,8 +154,13 @@ struct SgdProgram {
   }
   // One eager step whose loss is `loss_of(h)`, h = x @ w (gradients set to None first).
   void eager_step_on(const std::function<at::Tensor(const at::Tensor&)>& loss_of, double lr = 0.1) {
+    eager_step_with([&](const at::Tensor& h) { torch::autograd::backward({loss_of(h)}); }, lr);
+  }
+  // One eager step whose backwards `backward_of(h)` runs, h = `h_of()` (x @ w by default).
+  void eager_step_with(const std::function<void(const at::Tensor&)>& backward_of, double lr,
+                       const std::function<at::Tensor()>& h_of = {}) {
     w.mutable_grad() = at::Tensor();
-    torch::autograd::backward({loss_of(x.mm(w))});
+    backward_of(h_of ? h_of() : x.mm(w));
     at::NoGradGuard no_grad;
     w.add_(w.grad(), -lr);
   }
@@ -642,14 +647,12 @@ TEST(BlockReplay, ItemsUnderAutocastAreReplayedWithTheCastsAutocastMade) {
   };
   at::Tensor last_h;
   for (int i = 0; i < 6; ++i) {
-    eager.w.mutable_grad() = at::Tensor();
-    const at::Tensor h = under_bf16([&] { return eager.x.mm(eager.w); });
-    ASSERT_EQ(h.scalar_type(), at::kBFloat16);
-    torch::autograd::backward({h.to(at::kFloat).pow(2).sum()});
-    {
-      at::NoGradGuard no_grad;
-      eager.w.add_(eager.w.grad(), -0.01);
-    }
+    eager.eager_step_with(
+        [](const at::Tensor& h) {
+          ASSERT_EQ(h.scalar_type(), at::kBFloat16);
+          torch::autograd::backward({h.to(at::kFloat).pow(2).sum()});
+        },
+        0.01, [&] { return under_bf16([&] { return eager.x.mm(eager.w); }); });
     is.begin_iteration();
     is.grad_write_none(coexec.w);
     is.set_autocast(bf16);
@@ -682,14 +685,12 @@ TEST(BlockReplay, ABackwardThatKeepsTheGraphLeavesItToALaterBackwardAsInEager) {
   GraphRunner runner;
   Issuer is(runner);
   for (int i = 0; i < 6; ++i) {
-    eager.w.mutable_grad() = at::Tensor();
-    const at::Tensor h = eager.x.mm(eager.w);
-    torch::autograd::backward({h.sum()}, {}, /*keep_graph=*/true);
-    torch::autograd::backward({h.pow(2).sum()});
-    {
-      at::NoGradGuard no_grad;
-      eager.w.add_(eager.w.grad(), -0.01);
-    }
+    eager.eager_step_with(
+        [](const at::Tensor& h) {
+          torch::autograd::backward({h.sum()}, {}, /*keep_graph=*/true);
+          torch::autograd::backward({h.pow(2).sum()});
+        },
+        0.01);
     at::Tensor like;
     const at::Tensor hc = coexec.issue_forward_start(is, &like);
     const at::Tensor l1 = is.aten(op("aten::sum", ""), {hc, c10::IValue()}, true, {like.sum()})[0];
