@@ -238,8 +238,8 @@ class PythonRunner {
   // Waits for everything issued and makes every live placeholder real: from here the program
   // thread sees eager state (leaving co-execution, or before Python code Terra cannot trace).
   void catch_up(bool move_team = false);
-  // After the program ran ops itself inside a co-executed iteration: the team and the
-  // GraphRunner's spinning back to co-execution (opaque_end).
+  // After the program ran ops itself inside a co-executed iteration (opaque_end, a backward that
+  // runs Python): the team and the GraphRunner's spinning back to co-execution.
   void resume_coexecution();
   // The OpenMP team follows the kernels (openmp_team.h): the GraphRunner gives its team up, in
   // issue order, before the program thread runs ops itself again.

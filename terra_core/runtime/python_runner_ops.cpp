@@ -376,6 +376,10 @@ bool PythonRunner::coexec_op(OpKind kind, const c10::OperatorHandle* op, const c
     graph_->fallbacks.record(terra::FallbackReason::AutogradRoute, {}, t.source, node);
     ++graph_->fetches;
     catch_up();
+    struct Resume {  // co-executing again after it, raised or not
+      PythonRunner& r;
+      ~Resume() { r.resume_coexecution(); }
+    } resume{*this};
     raise_if_failed();
     torch::jit::Stack args = *stack;
     snapshot_grads();

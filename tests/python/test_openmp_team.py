@@ -335,8 +335,9 @@ def test_worker_nice_is_in_the_policy_and_checked():
 
 
 OPAQUE_THEN_EAGER = textwrap.dedent("""
-    import json, os, torch, terra
+    import json, os, sys, torch, terra
     torch.set_num_threads(2)
+    HOOK = sys.argv[1] == "hook"
 
     def graph_threads():  # the GraphRunner and the workers of its team, which inherit its name
         tasks = os.listdir("/proc/self/task")
@@ -359,7 +360,11 @@ OPAQUE_THEN_EAGER = textwrap.dedent("""
     def train(steps):
         for _ in range(steps):
             opt.zero_grad()
-            h = Twice.apply(big @ w)
+            if HOOK:  # or a backward that runs Python: it runs in the program's thread
+                h = big @ w
+                h.register_hook(lambda g: g * 2)
+            else:
+                h = Twice.apply(big @ w)
             loss = (h @ big).relu().mean()   # a parallel matmul on the GraphRunner after the region
             loss.backward()
             opt.step()
@@ -372,17 +377,20 @@ OPAQUE_THEN_EAGER = textwrap.dedent("""
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for an intra-op team")
-def test_eager_iterations_after_an_opaque_region_find_no_graphrunner_pool(tmp_path):
-    # After an opaque region inside a co-executed iteration (a custom autograd.Function), the
-    # GraphRunner was no longer marked as holding the team, so its pool outlived co-execution:
-    # every eager-held iteration then ran with two pools, its parallel regions futex hand-offs
-    # (2.8-3.0 ms per step against eager's 1.3-1.6; session 53).
+@pytest.mark.parametrize("program_runs", ["function", "hook"])
+def test_eager_iterations_after_the_program_ran_ops_itself_find_no_graphrunner_pool(tmp_path, program_runs):
+    # After the program thread ran ops itself inside a co-executed iteration (an opaque region:
+    # a custom autograd.Function; a backward that runs a tensor hook), the GraphRunner was no
+    # longer marked as holding the team, so its pool outlived co-execution: every eager-held
+    # iteration then ran with two pools, its parallel regions futex hand-offs (2.8-3.0 ms per
+    # step against eager's 1.3-1.6; session 53).
     script = tmp_path / "opaque.py"
     script.write_text(OPAQUE_THEN_EAGER)
     # The payoff check on (the suite pins co-execution) and afresh, keeping co-execution only at
     # half eager's time or less: it holds eager execution at its first check.
     env = dict(os.environ, TERRA_ADAPTIVE="1", TERRA_REMEMBER_PAYOFF="0", TERRA_CACHE_DIR="0", TERRA_PAYOFF_MARGIN="-0.5")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run([sys.executable, str(script), program_runs], capture_output=True, text=True, check=True,
+                         env=env)
     import json
     r = json.loads(out.stdout.strip().splitlines()[-1])
     s = r["stats"]
