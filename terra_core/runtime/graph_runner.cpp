@@ -740,13 +740,16 @@ bool GraphRunner::replay(WorkItem& item, uint64_t seq) {
     }
   }
   b.replayer.run(item);  // each kernel with one thread or the program's (BlockReplayer::run)
-  if (p.kind == OpKind::Backward && b.bound && !item.args.at(2).toBool()) {  // not retain_graph
-    // The forward was bound: its autograd graph exists and, as after eager's backward, its saved
-    // tensors are freed.
-    BlockReplayer::release_graph(tensors_of(item.args.at(0)));
-    b.bound = false;
+  // A backward that does not keep the graph (retain_graph) frees what it reached of bound ones.
+  if (p.kind == OpKind::Backward && !item.args.at(2).toBool()) {
+    if (b.bound) {
+      // The forward was bound: its autograd graph exists and, as after eager's backward, its
+      // saved tensors are freed.
+      BlockReplayer::release_graph(tensors_of(item.args.at(0)));
+      b.bound = false;
+    }
+    if (!p.partial_items.empty()) release_partial(b, index);
   }
-  if (!p.partial_items.empty() && !item.args.at(2).toBool()) release_partial(b, index);
   ++b.items;
   return true;
 }

@@ -217,11 +217,10 @@ def _compiled_entry(original):
 def _compiled_bounds(original):
     @functools.wraps(original)
     def set_skip_guard_eval_unsafe(value):
-        global _compiled_entering, _compiled_leaving
+        global _compiled_entering, _compiled_open, _compiled_leaving
         if _compiled_entering:
             _compiled_entering = False
             _C.opaque_begin("torch.compile's code runs in the program's thread", _compiled_name(sys._getframe(1)))
-            global _compiled_open
             _compiled_open += 1
         elif _compiled_open > _compiled_leaving:
             _compiled_leaving += 1
