@@ -314,15 +314,26 @@ def child(args):
     times = {n: [] for n in names}
     failed_late = set()
     spent = {}
+    coexec_share = []  # per timed Terra call: the share of its iterations that were co-executed
+
+    def terra_counts():
+        import terra
+        st = terra.stats("train")
+        ran = sum(st.get(f"iterations_{w}", 0) for w in ("traced", "coexecuted", "fallback", "eager"))
+        return st.get("iterations_coexecuted", 0), ran
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             if n in failed_late or spent.get(n, 0.0) > args.mode_budget_s:
                 continue  # a mode that keeps recompiling is timed on the rounds it fitted in
             try:
+                before = terra_counts() if n == "terra" else None
                 dt = modes[n].run(k)
                 spent[n] = spent.get(n, 0.0) + dt
                 times[n].append(dt / k)
+                if before:
+                    after = terra_counts()
+                    coexec_share.append((after[0] - before[0]) / max(1, after[1] - before[1]))
             except Exception as exc:  # noqa: BLE001
                 first, tail = _error_text(exc)
                 out["modes"][n].update(status="fails", error="during timing: " + first, traceback_tail=tail)
@@ -353,6 +364,11 @@ def child(args):
         import terra
         st = terra.stats("train")
         out["modes"]["terra"]["terra_stats"] = {k2: v for k2, v in st.items() if not isinstance(v, (list, dict))}
+        # Where the payoff check stood at the end (terra/payoff.h): a first run's timed calls may
+        # still be timing the two modes against each other (some of them then run eagerly).
+        payoff = st.get("payoff", {})
+        out["modes"]["terra"]["payoff_end"] = {"phase": payoff.get("phase"), "choice": payoff.get("choice")}
+        out["modes"]["terra"]["timed_coexec_share"] = coexec_share
         out["modes"]["terra"]["terra_explain"] = [str(e)[:300] for e in terra.explain()[:10]]
     out["eager_step_ms"] = eager_med * 1e3
     out["total_steps_per_mode"] = total_steps
@@ -462,6 +478,9 @@ def run_program_fresh_eager(name, args, modes):
                     if "step_ms_median" in r["modes"].get("eager", {})]
             if same:
                 m["eager_same_process_step_ms"] = statistics.median(same)
+            if mode == "terra":
+                m["timed_coexec_share_per_process"] = [t.get("timed_coexec_share") for t in timed]
+                m["payoff_end_per_process"] = [t.get("payoff_end") for t in timed]
         modes_out[mode] = m
         if mode == "terra":
             for key in ("terra_version",):
@@ -672,9 +691,13 @@ def write_markdown(doc, path):
           "Terra: iterations traced / co-executed / eager-fallback / eager because faster (the payoff "
           "check, terra/payoff.h), fallbacks, fetches, TraceGraph nodes "
           "(terra.stats). compile: torch._dynamo counters summed over the run (unique graphs, graph breaks, "
-          "distinct break reasons).", "",
-          "| program | Terra it. traced/coexec/fallback/faster-eager | Terra fallbacks | Terra fetches | Terra nodes | "
-          "compile(step) graphs / breaks (reasons) | compile(model, fullgraph) graphs |", "|---|---|---:|---:|---:|---|---|"]
+          "distinct break reasons). Timed Terra calls: the share of each timed call's iterations that were "
+          "co-executed (first Terra child process), and where the payoff check stood at the end of the run "
+          "(a first run's timed calls may still be timing the modes against each other).", "",
+          "| program | Terra it. traced/coexec/fallback/faster-eager | timed Terra calls co-executed | payoff at the end "
+          "| Terra fallbacks | Terra fetches | Terra nodes | "
+          "compile(step) graphs / breaks (reasons) | compile(model, fullgraph) graphs |",
+          "|---|---|---|---|---:|---:|---:|---|---|"]
     for name, p in progs.items():
         t = p["modes"].get("terra", {}).get("terra_stats", {})
         chosen = t.get("iterations_eager_chosen", 0)
@@ -684,7 +707,13 @@ def write_markdown(doc, path):
         cc = f"{c['unique_graphs']} / {c['graph_breaks']} ({c['distinct_break_reasons']})" if c else "-"
         f = p["modes"].get("compile_fullgraph", {})
         fc = (f"{f['dynamo']['unique_graphs']}" if f.get("status") != "fails" and f.get("dynamo") else _cell(f))
-        L.append(f"| {name} | {tc} | {t.get('fallbacks', '-')} | {t.get('fetches', '-')} | {t.get('nodes', '-')} "
+        terra_mode = p["modes"].get("terra", {})
+        # one entry per Terra child process, separated by " / "
+        shares = terra_mode.get("timed_coexec_share_per_process") or [terra_mode.get("timed_coexec_share")]
+        sc = " / ".join(" ".join(f"{x:.0%}" for x in sh) for sh in shares if sh) or "-"
+        ends = terra_mode.get("payoff_end_per_process") or [terra_mode.get("payoff_end")]
+        pc = " / ".join(f"{pe['phase']}, {pe['choice']}" for pe in ends if pe and pe.get("phase")) or "-"
+        L.append(f"| {name} | {tc} | {sc} | {pc} | {t.get('fallbacks', '-')} | {t.get('fetches', '-')} | {t.get('nodes', '-')} "
                  f"| {cc} | {fc} |")
     L += ["", "## Peak memory", "",
           "Peak resident set size above the level just before the mode's cold start, MiB (VmRSS sampled every "
