@@ -507,7 +507,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every mode (default 2)")
     ap.add_argument("--rounds", type=int, help="timing rounds within a child (default 5, quick 3)")
     ap.add_argument("--process-rounds", type=int, help="eager/Terra child processes alternated per "
-                    "program (default 2, quick 1)")
+                    "program (default 3: a median of three is robust to one outlier process; quick 1)")
     ap.add_argument("--check-steps", type=int, help="steps of the cold first call (default 6, quick 4)")
     ap.add_argument("--warmup-steps", type=int, help="untimed steps per mode after the cold ones, before "
                     "the timed rounds (default 60, quick 20)")
@@ -524,7 +524,7 @@ def main():
     args = ap.parse_args()
     q = args.quick
     args.rounds = args.rounds or (3 if q else 5)
-    args.process_rounds = args.process_rounds or (1 if q else 2)
+    args.process_rounds = args.process_rounds or (1 if q else 3)
     args.check_steps = args.check_steps or (4 if q else 6)
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else (20 if q else 60)
     args.target_s = args.target_s or (0.04 if q else 0.2)

@@ -1,0 +1,123 @@
+"""Whole-program time of the correctness corpus (tests/programs) under eager PyTorch and Terra,
+alternated in one process, back to back or after a pause.
+
+`bench/corpus.py` times eager in fresh child processes while the Terra process sleeps, so every
+Terra run there follows a pause of a second or more, and on a VM whose scheduler packs threads
+woken after a pause onto the busy vCPU that pause costs Terra's two threads much more than eager's
+one (session 54: corpus p01 after 1 s asleep, eager 38.9 ms against 31.1, Terra 50.1 against
+23.6). This one runs each program's `main` eagerly and under Terra (`terra.reset()` first, so each
+Terra run is a first run) in turns in one process, `--idle S` seconds before each run (0: none),
+after one untimed run of each. The eager runs share the process with Terra: where Terra slowed
+eager work in its process this would hide it (bench/run.py's last column watches for that).
+
+    .venv/bin/python bench/corpus_back_to_back.py [--rounds 5] [--idle 0] [--name NAME] [program-substring ...]
+
+Per program a child process (so one program's state cannot leak into the next); medians over the
+rounds; results in bench/results/NAME.{json,md} (default corpus_back_to_back).
+"""
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ROOT / "tests" / "programs"
+
+
+def child(name, rounds, idle):
+    import torch
+    import terra
+    torch.set_num_threads(2)
+    spec = importlib.util.spec_from_file_location(name, PROGRAMS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def timed(mode):
+        if mode == "terra":
+            terra.reset()
+        time.sleep(idle)
+        with contextlib.redirect_stdout(io.StringIO()):
+            t = time.perf_counter()
+            if mode == "terra":
+                terra.run(mod.main)
+                terra.sync()
+            else:
+                mod.main()
+            return time.perf_counter() - t
+
+    timed("eager"), timed("terra")  # untimed: once-per-process costs
+    times = {"eager": [], "terra": []}
+    for _ in range(rounds):
+        for mode in times:
+            times[mode].append(timed(mode))
+    stats = terra.stats()
+    print(json.dumps({"eager_ms": statistics.median(times["eager"]) * 1e3,
+                      "terra_ms": statistics.median(times["terra"]) * 1e3,
+                      "coexecuted": stats.get("iterations_coexecuted", 0),
+                      "eager_chosen": stats.get("iterations_eager_chosen", 0),
+                      "traced": stats.get("iterations_traced", 0)}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--idle", type=float, default=0.0, help="seconds asleep before each timed run")
+    ap.add_argument("--name", default="corpus_back_to_back")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("only", nargs="*")
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.rounds, args.idle)
+    names = sorted(p.stem for p in PROGRAMS.glob("p[0-9]*.py")
+                   if not args.only or any(s in p.stem for s in args.only))
+    env = dict(os.environ)
+    env.setdefault("TERRA_REMEMBER_PAYOFF", "0")  # each Terra run is a first run
+    rows = []
+    for name in names:
+        cmd = [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds), "--idle", str(args.idle)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            rows.append({"program": name, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
+            print(f"{name}: failed", flush=True)
+            continue
+        r = dict(json.loads(lines[-1]), program=name)
+        r["ratio"] = r["terra_ms"] / r["eager_ms"]
+        rows.append(r)
+        print(f"{name}: eager {r['eager_ms']:.1f} ms, Terra {r['terra_ms']:.1f} ms, ratio {r['ratio']:.2f}", flush=True)
+    ok = [r for r in rows if "ratio" in r]
+    geo = math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok)) if ok else float("nan")
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "torch": __import__("torch").__version__,
+           "python": platform.python_version(), "rounds": args.rounds, "idle_s": args.idle,
+           "geomean_ratio": geo, "faster": sum(r["ratio"] < 1 for r in ok), "programs": rows}
+    out = ROOT / "bench" / "results"
+    (out / f"{args.name}.json").write_text(json.dumps(doc, indent=1))
+    lines = ["# Correctness corpus, whole program, eager and Terra alternated in one process", "",
+             f"Generated by `bench/corpus_back_to_back.py` ({doc['date']}, torch {doc['torch']}, 2 intra-op "
+             f"threads, {args.rounds} rounds, medians, {args.idle:g} s asleep before each run). Ratio = Terra / eager "
+             "(lower is faster); each Terra run a first run (`terra.reset()`, payoff memory off). Iterations: "
+             "traced / co-executed / eager by the payoff check's choice, over all runs of the process.", "",
+             "| program | eager ms | Terra ms | ratio | iterations traced / co-executed / eager by choice |",
+             "|---|---:|---:|---:|---|"]
+    for r in rows:
+        if "ratio" in r:
+            lines.append(f"| {r['program']} | {r['eager_ms']:.1f} | {r['terra_ms']:.1f} | {r['ratio']:.2f} | "
+                         f"{r['traced']} / {r['coexecuted']} / {r['eager_chosen']} |")
+        else:
+            lines.append(f"| {r['program']} | - | - | failed | {r['error'][:80]} |")
+    lines += ["", f"Geometric mean ratio {geo:.2f}; faster than eager on {doc['faster']} of {len(ok)} programs."]
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print(lines[-1])
+
+
+if __name__ == "__main__":
+    main()
