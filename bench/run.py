@@ -644,6 +644,9 @@ def write_markdown(doc, path):
          f"per mode in calls of the timed size, compiler tolerance rtol={st['rtol']} atol={st['atol']}. "
          f"Baseline: {st.get('eager_baseline', 'eager in the same process as the other modes')}.", "",
          "## Steady-state step time, ratio to eager (lower is faster)", "",
+         "Terra's child is a first run (the payoff check remembers nothing) and these are its steps after the "
+         "cold call and the untimed warm-up calls, in calls of the timed size: where the check is still timing "
+         "the two modes, some of them run eagerly (the graphs table below says which). "
          "Median of the interleaved rounds, divided by eager's median. WRONG = result differs from eager "
          "(Terra: not bitwise equal; compilers: outside tolerance after one step); FAIL = raised.", "",
          "The last column is eager timed inside the Terra child, after Terra had co-executed there "
