@@ -331,7 +331,7 @@ def child(args):
                 dt = modes[n].run(k)
                 spent[n] = spent.get(n, 0.0) + dt
                 times[n].append(dt / k)
-                if before:
+                if before is not None:
                     after = terra_counts()
                     coexec_share.append((after[0] - before[0]) / max(1, after[1] - before[1]))
             except Exception as exc:  # noqa: BLE001
@@ -695,7 +695,8 @@ def write_markdown(doc, path):
           "check, terra/payoff.h), fallbacks, fetches, TraceGraph nodes "
           "(terra.stats). compile: torch._dynamo counters summed over the run (unique graphs, graph breaks, "
           "distinct break reasons). Timed Terra calls: the share of each timed call's iterations that were "
-          "co-executed (first Terra child process), and where the payoff check stood at the end of the run "
+          "co-executed, and where the payoff check stood at the end of the run, per Terra child process (' / ' "
+          "between processes) "
           "(a first run's timed calls may still be timing the modes against each other).", "",
           "| program | Terra it. traced/coexec/fallback/faster-eager | timed Terra calls co-executed | payoff at the end "
           "| Terra fallbacks | Terra fetches | Terra nodes | "

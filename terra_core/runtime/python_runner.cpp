@@ -237,14 +237,15 @@ void PythonRunner::opaque_end() {
 void PythonRunner::resume_coexecution() {
   // The program ran ops itself inside a co-executed iteration (an opaque region, a backward that
   // runs Python) and may have taken the OpenMP team back (catch_up, which also let the
-  // GraphRunner sleep when idle): co-executing again, the
-  // GraphRunner spins for work and may make a pool of its own, which leaving co-execution must
-  // release (take_team_back moves only a team the GraphRunner is marked to hold). Unmarked, it
-  // stayed: the loop's eager iterations, once the payoff check held them, ran with two pools,
-  // every parallel region a futex hand-off (a custom autograd.Function each step: 2.8-3.0 ms per
-  // step against eager's 1.3-1.6, the payoff check misled into co-executing by those eager
-  // times; a tensor hook each step kept the GraphRunner's worker too; session 53). The program thread keeps its own pool: giving it up after each region
-  // made the next region make one anew (forced co-execution 2.9-3.2 -> 3.8-4.0 ms per step).
+  // GraphRunner sleep when idle): co-executing again, the GraphRunner spins for work and may
+  // make a pool of its own, which leaving co-execution must release (take_team_back moves only a
+  // team the GraphRunner is marked to hold). Unmarked, it stayed: the loop's eager iterations,
+  // once the payoff check held them, ran with two pools, every parallel region a futex hand-off
+  // (a custom autograd.Function each step: 2.8-3.0 ms per step against eager's 1.3-1.6, the
+  // payoff check misled into co-executing by those eager times; a tensor hook each step kept the
+  // GraphRunner's worker too; session 53). The program thread keeps its own pool: giving it up
+  // after each region made the next region make one anew (forced co-execution 2.9-3.2 -> 3.8-4.0
+  // ms per step).
   if (!runner_) return;
   runner_->set_active(true);
   runner_team_ = true;
