@@ -48,6 +48,8 @@ nlohmann::json replay_json(const terra::runtime::GraphRunner::ReplayCounts& c) {
           {"kernels_checked", c.checked},        {"kernel_verdicts_reused", c.verdicts_reused},
           {"not_one_thread_kernel", c.not_one_thread},
           {"program_count_kernels", c.program_count_kernels},
+          {"parallel_kernels_large", c.parallel_large},
+          {"parallel_kernels_small", c.parallel_small},
           {"items_one_thread_per_op", c.one_thread_per_op}};
 }
 

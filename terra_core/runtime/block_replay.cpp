@@ -1216,6 +1216,8 @@ std::unique_ptr<Block> BlockRecorder::finish() {
   if (refused()) return nullptr;
   auto block = std::make_unique<Block>(std::move(m.block));
   for (const RecordedKernel& k : block->kernels) {
+    if (k.large && (!k.one_thread || k.spread)) ++block->parallel_large;
+    if (!k.large && !k.one_thread) ++block->parallel_small;
     if (k.one_thread) continue;
     if (block->one_thread) block->not_one_thread = k.op->operator_name().name;
     block->one_thread = false;

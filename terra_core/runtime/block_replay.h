@@ -240,6 +240,14 @@ struct Block {
   bool one_thread = true;       // derived from the kernels' flags when the block is finished
   std::string not_one_thread;  // the first kernel that gave other bits with one thread
   uint32_t program_count_kernels = 0;  // kernels replayed with the program's count (not one_thread)
+  // Kernels that run parallel regions on the GraphRunner: on tensors of at least the grain size
+  // (RecordedKernel::large; with the program's count, or spread while the program waits), and on
+  // smaller ones (with the program's count, which their bits need: an mm MKL splits, layer_norm's
+  // or batch_norm's per-thread sums). A region on small tensors lasts microseconds, and the
+  // worker it woke then spins about 9 ms beside the program thread (openmp_team.h); corpus
+  // programs whose blocks have only such kernels ran 1.3-1.4x faster with the workers asleep
+  // (docs/history.md, session 55). `terra.stats`: parallel_kernels_large, parallel_kernels_small.
+  uint32_t parallel_large = 0, parallel_small = 0;
   // large_ns[i]: how long the large one-thread kernels before kernel i ran when recorded
   // (RecordedKernel::ran_ns), kernels.size() + 1 entries (index_large_work): the work a waiting
   // program waits for (large_work, BlockReplayer::spread).

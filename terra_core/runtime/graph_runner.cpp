@@ -498,6 +498,8 @@ GraphRunner::ReplayCounts GraphRunner::replay_counts(uint64_t graph) const {
     total.checked += c.checked;
     total.verdicts_reused += c.verdicts_reused;
     total.one_thread_per_op += c.one_thread_per_op;
+    total.parallel_large += c.parallel_large;
+    total.parallel_small += c.parallel_small;
     if (!c.not_one_thread.empty()) {
       total.not_one_thread = c.not_one_thread;
       total.program_count_kernels = c.program_count_kernels;
@@ -823,6 +825,8 @@ void GraphRunner::end_iteration() {
         it->second = it->second && one;  // every block that holds the item must agree
       }
       c.one_thread += block->one_thread;
+      c.parallel_large += block->parallel_large;
+      c.parallel_small += block->parallel_small;
       if (!block->one_thread) {
         c.not_one_thread = block->not_one_thread;
         c.program_count_kernels = block->program_count_kernels;

@@ -235,6 +235,7 @@ class GraphRunner {
     uint64_t one_thread_per_op = 0;
     std::string not_one_thread;  // the kernel that kept the last such block to the program's count
     uint32_t program_count_kernels = 0;  // how many of its kernels did (Block::program_count_kernels)
+    uint64_t parallel_large = 0, parallel_small = 0;  // over the blocks recorded (Block::parallel_large)
     uint64_t chosen = 0;      // iterations that chose their block among several paths (choose)
     uint64_t refused = 0;     // recordings refused
     std::string last_refusal;

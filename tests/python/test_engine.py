@@ -1901,6 +1901,19 @@ def layer_norm_steps(steps=40, rows=512):
     return fit_reading_loss(model, opt, torch.randn(rows, 64), torch.randn(rows, 1), steps)
 
 
+@pytest.mark.parametrize("rows, large", [(16, False), (2048, True)])
+def test_the_kernels_run_in_parallel_regions_are_counted_by_their_size(rows, large):
+    # layer_norm's backward splits its sums by thread whatever its size, so it (and the matmuls
+    # MKL splits) keeps the program's thread count when replayed: on tensors below the grain size
+    # with 16 rows (a region of microseconds), above it with 2048.
+    s, _ = coexecuted_as_eager(layer_norm_steps, steps=20, rows=rows)
+    assert s["blocks_recorded"] >= 1 and s["program_count_kernels"] > 0, s
+    if large:
+        assert s["parallel_kernels_large"] > 0, s
+    else:
+        assert s["parallel_kernels_small"] > 0 and s["parallel_kernels_large"] == 0, s
+
+
 def tiny_mlp_steps(steps=60):
     """Training on tensors far below the intra-op grain size: every kernel runs on the
     GraphRunner's thread alone, so its OpenMP workers, spinning or not, take no CPU."""
