@@ -134,6 +134,7 @@ nlohmann::json stats_json(const Graph& g) {
           {"payoff", payoff_json(g.payoff)},
           {"workers_asleep", g.workers_asleep},
           {"iterations_workers_asleep", g.iterations_workers_asleep},
+          {"workers_asleep_by_blocks", g.asleep_by_blocks},
           {"workers_trial", workers_trial_name(g.workers_trial)},
           // The GraphRunner's OpenMP workers' CPU per second of co-executed wall time with them spinning (-1: none).
           {"workers_cpu_share", g.spinning_seconds > 0 ? g.spinning_workers_cpu / g.spinning_seconds : -1.0},

@@ -119,6 +119,12 @@ struct Graph {
   bool workers_asleep = false;
   // Co-execution has been timed a second time after its first loss (choose_workers).
   bool retimed_coexec = false;
+  // Its co-executed iterations keep the workers asleep because every kernel its recorded blocks
+  // run in a parallel region works on tensors below the grain size (PythonRunner::
+  // choose_first_workers): the other way is not tried (choose_workers). `first_workers_chosen`:
+  // the blocks were looked at (or an earlier run's choice recalled, recall_payoff).
+  bool asleep_by_blocks = false;
+  bool first_workers_chosen = false;
   // Pairing: the two ways alternate (workers_pairing, way A being workers_asleep_before).
   enum class WorkersTrial : uint8_t { Untried, Pairing, Done };
   WorkersTrial workers_trial = WorkersTrial::Untried;

@@ -253,6 +253,9 @@ class PythonRunner {
   // After a payoff check (choosing_spin): which way the graph's co-executed iterations keep the
   // GraphRunner's idle OpenMP workers next (Graph::workers_asleep, Graph::WorkersTrial).
   void choose_workers();
+  // Until the graph's first payoff check, from its recorded blocks: asleep where the kernels they
+  // run in parallel regions all work on small tensors (Graph::asleep_by_blocks).
+  void choose_first_workers();
   // Adds a co-executed iteration with the workers spinning to Graph::spinning_seconds and
   // spinning_workers_cpu (choose_workers reads them).
   void note_workers_cpu(double wall_seconds);

@@ -47,6 +47,10 @@ constexpr int64_t kFirstAsleepRecheck = 8;
 // (hf_bert's spinning worker used about one core: 10 ms of CPU per 9-12 ms step).
 constexpr double kWorkersCpuShare = 0.1;
 
+// Co-executed iterations within which a graph's recorded blocks may choose its workers asleep
+// (PythonRunner::choose_first_workers).
+constexpr uint64_t kFirstWorkersLook = 16;
+
 // Whether the GraphRunner's idle workers took CPU while spinning (true where not measured):
 // asleep saves only that.
 bool workers_took_cpu(const Graph& g) {
@@ -383,8 +387,14 @@ void PythonRunner::begin_iteration(uint64_t boundary) {
     runner().set_replay(policy_.replay, policy_.accelerator_blocks, policy_.lanes);
     runner().set_worker_nice(policy_.worker_nice);
   }
+  if (want == Mode::CoExec && choosing_spin()) choose_first_workers();
+  // Until the blocks have chosen, a co-executed iteration right after traced ones (the one that
+  // records a new path's block, running its kernels with the program's count where their bits
+  // may need it) runs with the workers asleep too: a pool the GraphRunner makes then would
+  // otherwise stall it (openmp_team.h) and its worker spin beside the program.
+  const bool recording = !graph_->first_workers_chosen && previous_mode_ == Mode::Tracing;
   spin_limited_ = want == Mode::CoExec && (policy_.worker_spin == terra::Policy::WorkerSpin::Sleep ||
-                                           (choosing_spin() && graph_->workers_asleep));
+                                           (choosing_spin() && (graph_->workers_asleep || recording)));
   graph_->iterations_workers_asleep += spin_limited_;
   limit_openmp_spinning(runner_team_ && spin_limited_);
   set_mode(want);
@@ -432,7 +442,7 @@ void PythonRunner::choose_workers() {
   // GraphRunner's kernels ran on its thread alone) the other way is never timed: that trial cost
   // short programs its iterations and the idle pool's making and release (corpus p28: 5 more
   // co-executed iterations that lost).
-  const bool other_way_may_win = g.workers_asleep || workers_took_cpu(g);
+  const bool other_way_may_win = !g.asleep_by_blocks && (g.workers_asleep || workers_took_cpu(g));
   if (g.payoff.choice_eager()) {
     // Co-execution lost with the GraphRunner's idle workers as they were (its timing phase ran
     // wholly so): its next timing tries them the other way (Graph::workers_asleep) where that
@@ -471,6 +481,25 @@ void PythonRunner::choose_workers() {
   }
 }
 
+void PythonRunner::choose_first_workers() {
+  Graph& g = *graph_;
+  if (g.first_workers_chosen) return;
+  if (g.workers_trial != Graph::WorkersTrial::Untried || g.payoff.checks() > 0 ||
+      g.iterations_coexecuted >= kFirstWorkersLook) {
+    g.first_workers_chosen = true;
+    return;
+  }
+  // The blocks recorded so far: a loop's first block can be an inner loop's, with no parallel
+  // kernel, and the training step's come later.
+  const GraphRunner::ReplayCounts c = runner().replay_counts(g.serial);
+  if (c.parallel_large > 0) {
+    g.first_workers_chosen = true;  // spinning first, as ever
+  } else if (c.parallel_small > 0) {
+    g.first_workers_chosen = g.workers_asleep = g.asleep_by_blocks = true;
+    g.workers_trial = Graph::WorkersTrial::Done;  // the other way is not tried
+  }
+}
+
 void PythonRunner::pair_workers(bool clean, double seconds) {
   Graph& g = *graph_;
   // Only co-executed iterations time a way (`clean`: wholly co-executed, after one that was).
@@ -497,6 +526,7 @@ void PythonRunner::recall_payoff(const std::vector<uint32_t>& path) {
   // A pairing that run's process ended in goes on here.
   if (choice->pairing) g.payoff.resume_pairing(choice->pairs, policy_.payoff_margin, policy_.payoff_check_budget);
   g.workers_asleep = choice->workers_asleep;
+  g.first_workers_chosen = true;
   g.retimed_coexec = choice->retimed_coexec;
   if (choice->workers_settled) g.workers_trial = Graph::WorkersTrial::Done;
 }

@@ -1979,6 +1979,8 @@ def test_co_execution_is_timed_again_with_the_workers_the_other_way(coexec_wins)
     coexecuted_as_eager(layer_norm_steps, steps=20, rows=2048)
     terra.reset()  # the verdicts stay with the GraphRunner; the graph and its timings go
     s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=120, rows=2048)
+    # Its layer_norm and matmuls run parallel regions on large tensors: spinning first.
+    assert s["parallel_kernels_large"] > 0 and not s["workers_asleep_by_blocks"], s
     untried = s["workers_trial"] == "done" and s["iterations_workers_asleep"] == 0
     if s["workers_cpu_share"] < 0.1 or untried:
         # The workers' share is measured: 0.2-0.3 alone on this machine with 512 rows, once under 0.1 (kWorkersCpuShare) within
@@ -2018,10 +2020,31 @@ def test_workers_that_took_no_cpu_are_not_tried_asleep(coexec_wins):
     s = coexecuted_with_payoff_forced(tiny_mlp_steps, coexec_wins)
     assert s["payoff"]["checks"] >= 1, s["payoff"]
     assert 0 <= s["workers_cpu_share"] < 0.1, s
-    assert s["iterations_workers_asleep"] == 0 and s["workers_trial"] == "done", s
+    # Asleep only in the iteration that recorded the block, right after the traced ones (until
+    # the blocks show what runs in parallel regions: choose_first_workers).
+    assert s["iterations_workers_asleep"] <= 1 and not s["workers_asleep"], s
+    assert s["workers_trial"] == "done" and not s["workers_asleep_by_blocks"], s
     if not coexec_wins:
         # The same way: the first timing may have been disturbed (threads woken late after a pause).
         assert_coexec_timed_again_soon()
+
+
+@pytest.mark.parametrize("coexec_wins", [False, True])
+def test_a_graph_whose_parallel_kernels_are_all_small_co_executes_with_the_workers_asleep(coexec_wins):
+    # 16 rows: layer_norm's backward (its sums split by thread) and the matmuls that keep the
+    # program's thread count work on tensors below the grain size, so each of their parallel
+    # regions lasts microseconds and a spinning worker would idle beside the program thread.
+    # Co-executed iterations run with the workers asleep from the recording of the first block on
+    # (the recording too: it follows traced iterations), whatever the checks find, and nothing
+    # changes a result (coexecuted_as_eager compares).
+    s = coexecuted_with_payoff_forced(layer_norm_steps, coexec_wins, steps=60, rows=16)
+    assert s["parallel_kernels_small"] > 0 and s["parallel_kernels_large"] == 0, s
+    assert s["workers_asleep_by_blocks"] and s["workers_asleep"] and s["workers_trial"] == "done", s
+    # All but at most one: the iteration after the recording one may start before the GraphRunner
+    # has finished recording the block (then nothing is chosen yet, and it follows no traced one).
+    assert s["iterations_workers_asleep"] >= s["iterations_coexecuted"] - 1, s
+    if not coexec_wins:
+        assert_coexec_timed_again_soon()  # asleep again: spinning is not tried
 
 
 def test_worker_spin_takes_auto_spin_or_sleep(fresh_graphs):

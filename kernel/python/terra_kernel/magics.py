@@ -357,10 +357,17 @@ def _decided(payoff):
 
 def spin_line(stats):
     """For explain: a graph that co-executes with the GraphRunner's idle OpenMP workers asleep
-    because with them spinning (as eager execution's do) it measured slower, than eager execution
-    or than with them asleep; else None."""
+    because the kernels its blocks run in parallel regions all work on small tensors, or because
+    with them spinning (as eager execution's do) it measured slower, than eager execution or than
+    with them asleep; else None."""
     payoff = stats["payoff"]
-    if not stats.get("workers_asleep") or not _decided(payoff) or payoff["choice"] == "eager":
+    if not stats.get("workers_asleep") or payoff["choice"] == "eager":
+        return None
+    if stats.get("workers_asleep_by_blocks"):
+        return ("co-executes with the GraphRunner's idle OpenMP workers asleep: the kernels it runs "
+                "with the program's thread count work on small tensors, so a spinning worker would "
+                "only take the program's core (%terra config worker_spin=spin|sleep fixes it)")
+    if not _decided(payoff):
         return None
     return ("co-executes with the GraphRunner's idle OpenMP workers asleep: with them spinning, "
             "co-execution was slower (than eager execution, or than with them asleep; "
