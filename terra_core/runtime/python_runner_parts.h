@@ -66,7 +66,10 @@ inline void set_hook(bool on) { c10::impl::tls_set_dispatch_key_included(kTerraK
 
 // An ATen op's name from its handle, else the pseudo-op's own name.
 inline std::string op_name(const c10::OperatorHandle* op, const char* name) {
-  return op ? c10::toString(op->operator_name()) : std::string(name ? name : "?");
+  if (!op) return std::string(name ? name : "?");
+  // c10::toString's "name.overload", without its ostringstream (0.3-0.4 us a new node paid).
+  const c10::OperatorName& n = op->operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
 inline void call_below(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
