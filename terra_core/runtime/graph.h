@@ -56,6 +56,9 @@ struct Graph {
   std::deque<RuntimeNode> nodes = std::deque<RuntimeNode>(2);
   // A location's nodes (RuntimeNode::lookup -> its variants, in the order made).
   std::unordered_map<uint64_t, std::vector<uint32_t>> index;
+  // What a person reads about each location's nodes (PythonRunner::source_of): nodes at one
+  // location, the occurrence apart (a model's layers, a loop over the parameters), share one.
+  std::unordered_map<uint64_t, std::shared_ptr<const terra::SourceInfo>> sources;
   struct Root {
     uint32_t node = 0;
     terra::Warmup warmup;  // consecutive traced iterations that added nothing

@@ -264,6 +264,7 @@ OpTemplate OpTemplate::record(OpKind kind, const c10::OperatorHandle* op, const 
   const c10::FunctionSchema* schema = op ? &op->schema() : nullptr;
   if (op) t.indexed_view = indexed_view_of(*op, args);
   bool any_tensor = false;
+  t.args.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
     ArgSpec a;

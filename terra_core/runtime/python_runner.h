@@ -163,6 +163,9 @@ class PythonRunner {
   // fast path, not the dispatcher.
   void run_aten(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool fast);
   // `name`: a pseudo-op's; an ATen op's comes from `op` (op_name), only where it is needed.
+  // The source of a new node at the location last keyed (last_key_), shared with that
+  // location's other nodes.
+  std::shared_ptr<const terra::SourceInfo> source_of(const std::string& op);
   void trace_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                 uint64_t lookup, torch::jit::Stack* stack, const Exec& exec);
   // `predicted`: the node predicted_node found (then `lookup` is not used).

@@ -194,6 +194,13 @@ void PythonRunner::on_pseudo(OpKind kind, const char* name, torch::jit::Stack* s
   trace_op(kind, nullptr, name, lookup, stack, excluded);
 }
 
+std::shared_ptr<const terra::SourceInfo> PythonRunner::source_of(const std::string& op) {
+  std::shared_ptr<const terra::SourceInfo>& source = graph_->sources[last_key_.base];
+  if (!source || source->op_name != op)
+    source = std::make_shared<const terra::SourceInfo>(terra::SourceInfo{op, PythonStack::describe(root_)});
+  return source;
+}
+
 void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const char* name,
                             uint64_t lookup, torch::jit::Stack* stack, const Exec& exec) {
   if (has_placeholder(*stack)) {
@@ -247,7 +254,7 @@ void PythonRunner::trace_op(OpKind kind, const c10::OperatorHandle* op, const ch
       for_each_tensor(r, [&](const at::Tensor&) { ++k; });
       if (r.isNone()) ++k;
     }
-    fresh.source = std::make_shared<const terra::SourceInfo>(terra::SourceInfo{fresh.name, PythonStack::describe(root_)});
+    fresh.source = source_of(fresh.name);
     node = graph_->add_node(std::move(fresh), lookup, last_key_.location());
     RuntimeNode& made = graph_->nodes[node];
     made.base = last_key_.base;
