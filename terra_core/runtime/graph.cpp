@@ -77,7 +77,10 @@ nlohmann::json payoff_json(const terra::Payoff& p) {
           {"loops", loops},
           {"by_call", p.paired_by_call()},
           {"checks", p.checks()},
-          {"choice", !p.has_choice() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          {"choice", p.held_first() ? "eager" : !p.has_choice() ? "none yet" : p.choice_eager() ? "eager" : "co-execute"},
+          // Eager execution held before any check because the graph's backward runs Python
+          // (terra::Payoff::hold_eager_first).
+          {"python_backward", p.held_first()},
           // The first choice held was an earlier run's (runtime/payoff_memory.h).
           {"remembered", p.resumed()},
           // The pairing's pairs so far (t(eager) / t(co-executed) each), the first how many an

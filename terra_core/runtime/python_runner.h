@@ -214,10 +214,14 @@ class PythonRunner {
   Mode stable_mode();
   // Before this run's first check, an earlier run's choice or pairing (payoff_memory.h) has the
   // graph's next iteration run eagerly.
+  // So does a hold a backward that runs Python started (hold_eager_if_backward_runs_python).
   bool remembered_eager() const {
     const terra::Payoff& p = graph_->payoff;
-    return p.remembered() && p.checks() == 0 && p.eager();
+    return (p.remembered() || p.held_first()) && p.checks() == 0 && p.eager();
   }
+  // After a traced iteration whose path holds a backward that runs Python, before the graph's
+  // first check: eager execution is held (terra::Payoff::hold_eager_first says why).
+  void hold_eager_if_backward_runs_python();
   // At the end of a graph's first traced loop iteration (`path`, from its marker): its payoff
   // check starts from an earlier run's choice for those ops where one is kept (payoff_memory.h),
   // and the graph's checks are kept under the same key (store_payoff_choice, after each).

@@ -281,6 +281,7 @@ void PythonRunner::end_iteration() {
   // says which ops the graph's payoff check will time.
   if (policy_.adaptive && !graph_->payoff_recalled && mode_ == Mode::Tracing && (boundary_ & 1) == 0)
     recall_payoff(path_);
+  if (policy_.adaptive && mode_ == Mode::Tracing) hold_eager_if_backward_runs_python();
   if (mode_ == Mode::Tracing || mode_ == Mode::CoExec) graph_->record_path(path_);
   if (occurrences_.size() > 4 * graph_->nodes.size() + 4096) occurrences_.clear();  // bound it
   if (live_.size() > live_prune_at_) {
@@ -507,6 +508,19 @@ void PythonRunner::pair_workers(bool clean, double seconds) {
   const auto verdict = g.workers_pairing.record(clean, seconds);
   g.workers_asleep = g.workers_pairing.b() ? !g.workers_asleep_before : g.workers_asleep_before;
   if (verdict != terra::PairedTrial::Verdict::Running) g.workers_trial = Graph::WorkersTrial::Done;
+}
+
+void PythonRunner::hold_eager_if_backward_runs_python() {
+  terra::Payoff& p = graph_->payoff;
+  if (p.checks() != 0 || p.remembered() || p.held_first() || p.phase() != terra::Payoff::Phase::MeasureCoExec)
+    return;
+  for (uint32_t id : path_) {
+    const OpTemplate& t = graph_->nodes[id].tmpl;
+    if (t.kind == OpKind::Backward && t.runs_python) {
+      p.hold_eager_first(terra::Payoff::kPythonBackwardHold);
+      return;
+    }
+  }
 }
 
 PythonRunner::Mode PythonRunner::stable_mode() {

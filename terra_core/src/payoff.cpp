@@ -188,6 +188,14 @@ void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   start(Phase::Hold);
 }
 
+void Payoff::hold_eager_first(int64_t hold) {
+  held_first_ = true;
+  measured_eager_ = true;  // the held iterations time eager execution as they run
+  hold_ = hold_left_ = std::clamp(hold, kFirstHold, kMaxHold);
+  choice_eager_ = true;
+  start(Phase::Hold);
+}
+
 void Payoff::resume(bool eager, double coexec_s, double eager_s, int64_t hold) {
   resumed_ = true;
   measured_eager_ = eager;  // a held eager choice times eager execution as it runs

@@ -311,6 +311,11 @@ def test_magics_report(kc):
                   "payoff_line({'phase': 'holding', 'checks': 0, 'remembered': False, 'choice': 'none yet'}))")
     assert "runs eagerly: co-executed in an earlier run on this machine it took 2.000 ms" in line, line
     assert line.strip().endswith("None"), line
+    # And of one held eager before any check because its backward runs Python.
+    line = ok(kc, "from terra_kernel.magics import payoff_line\n"
+                  "print(payoff_line({'phase': 'holding', 'checks': 0, 'choice': 'eager', "
+                  "'python_backward': True, 'next_check_in': 500}))")
+    assert "its backward runs Python" in line and "after 500 more iterations" in line, line
     assert "%terra on" in ok(kc, "%terra?") or True  # docstring is shown through the pager
     assert ok(kc, "%terra version").strip()
 

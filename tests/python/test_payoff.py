@@ -92,6 +92,58 @@ def test_coexecution_kept_where_it_pays():
     assert s["iterations_coexecuted"] >= steps - 2 * (SAMPLES + 1) - 10, s
 
 
+class _RoundThrough(torch.autograd.Function):  # a straight-through estimator: Python backward
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def train_through_python(steps, hook=False):
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(6, 16), torch.nn.Linear(16, 1)
+    if hook:
+        second.weight.register_hook(lambda g: g * 0.5)
+    opt = torch.optim.SGD(list(first.parameters()) + list(second.parameters()), lr=0.05, momentum=0.9)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    for _ in range(steps):
+        h = torch.tanh(first(x)) * 3
+        if not hook:
+            h = _RoundThrough.apply(h)
+        loss = torch.nn.functional.mse_loss(second(h), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"first": first.weight, "second": second.weight, "loss": loss}
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_graph_whose_backward_runs_python_is_held_eager_before_any_check(hook):
+    # Co-executing it would run its backward on the program thread between waits for the
+    # GraphRunner (3-4x eager's step here): eager execution is held from its first traced
+    # iteration on, no co-executed iteration timed, results as eager's.
+    terra.config(adaptive=True)
+    steps = 40
+    expected = train_through_python(steps, hook)
+    got = terra.run(train_through_python, steps, hook)
+    assert all(torch.equal(expected[k], got[k]) for k in expected), (expected, got)
+    s = terra.stats("train_through_python")
+    payoff = s["payoff"]
+    assert payoff["python_backward"] is True and payoff["choice"] == "eager", payoff
+    assert payoff["checks"] == 0 and payoff["next_check_in"] > steps, payoff
+    assert s["iterations_coexecuted"] == 0, s
+    assert s["iterations_eager_chosen"] >= steps - 3, s
+    # A graph whose backward runs no Python is timed co-executed as usual.
+    terra.reset()
+    terra.config(adaptive=True)
+    same_state(train(20), terra.run(train, 20))
+    s = terra.stats("train")
+    assert s["payoff"]["python_backward"] is False and s["iterations_coexecuted"] > 0, s
+
+
 def test_a_slower_mode_is_re_timed_rarely_by_default():
     # Eager forced (margin -1) with a tiny budget: where co-execution measured slower, the hold
     # is sized from the times; where it measured faster, re-timing it costs nothing.

@@ -103,6 +103,35 @@ TEST(Payoff, TracedIterationsNeverShowCoExecutionFaster) {
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureEager);
 }
 
+TEST(Payoff, AnEagerHoldBeforeAnyCheckTimesCoExecutionWhenItEnds) {
+  Driver d;
+  Payoff& p = d.p;
+  d.last = true;  // the held iterations run eagerly from the start
+  p.hold_eager_first(100);
+  EXPECT_TRUE(p.held_first());
+  EXPECT_FALSE(p.has_choice());  // no check made it
+  EXPECT_EQ(d.run(100, 3.0, 1.0), 100);
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  // The re-check times co-execution against the eager iterations timed while held: the switch's
+  // iteration, then kQuick clean ones show co-execution 3x slower.
+  EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);
+  EXPECT_FALSE(p.held_first());
+  EXPECT_TRUE(p.choice_eager());
+  EXPECT_DOUBLE_EQ(p.eager_seconds(), 1.0);
+  EXPECT_EQ(p.hold_left(), Payoff::hold_for(Payoff::kFirstHold, 1.0, 3.0));
+}
+
+TEST(Payoff, AnEagerHoldBeforeAnyCheckGivesWayWhereCoExecutionIsFaster) {
+  Driver d;
+  Payoff& p = d.p;
+  d.last = true;
+  p.hold_eager_first(40);
+  d.run(40, 0.2, 1.0);
+  EXPECT_EQ(until_check(d, 0.2, 1.0), 1 + Payoff::kQuick);
+  EXPECT_FALSE(p.choice_eager());
+  EXPECT_FALSE(p.eager());
+}
+
 TEST(Payoff, FollowsAChangeInWhichModeIsFaster) {
   Driver d;
   Payoff& p = d.p;

@@ -341,6 +341,12 @@ def payoff_line(payoff):
         since = f", going on from {earlier} pair(s) of blocks an earlier run on this machine timed" if earlier else ""
         return (f"is being timed co-executed and eagerly, {turns} (one phase of each was too close "
                 f"to tell on this host{since}); the faster then runs")
+    if payoff.get("python_backward"):
+        # held before any check: co-executing such a backward costs more than it saves
+        return (f"runs eagerly: its backward runs Python (a hook or a custom autograd.Function), which "
+                f"co-execution would run on this thread between waits for the GraphRunner; co-execution "
+                f"is timed after {payoff['next_check_in']} more iterations "
+                f"(%terra config adaptive=off co-executes it anyway)")
     if not _decided(payoff) or payoff["choice"] != "eager":
         return None
     # remembered: the choice held is an earlier run's on this machine (its cache file)

@@ -105,6 +105,16 @@ class Payoff {
   // An earlier run may have measured on a busier machine: its choice is checked again within this
   // many iterations, however long that run had come to hold it (up to kMaxHold).
   static constexpr int64_t kResumedHold = 512;
+  // Before any check: the graph's backward runs Python (a tensor or module hook, a custom
+  // autograd.Function), so co-executing it runs the forward on the GraphRunner, waits for it, runs
+  // the backward on the program thread and moves the OpenMP team back and forth: 3-4x eager's time
+  // per iteration on 2 cores, and a check's co-executed timing (at least five iterations) cost a
+  // short program more than half again its eager time (corpus p28: 1.8-2.2x). Holds eager execution
+  // `hold` iterations (kPythonBackwardHold), then times co-execution as a re-check does.
+  void hold_eager_first(int64_t hold);
+  static constexpr int64_t kPythonBackwardHold = 512;
+  // The eager execution held is hold_eager_first's, before any check.
+  bool held_first() const { return held_first_ && checks_ == 0; }
   // Goes on with the pairing of an earlier run's check (runtime/payoff_memory.h) that its process
   // ended before it decided: the modes are timed in alternating blocks of the iterations of the
   // first loop recorded from here (the one whose ops the memory's key is), after the pairs that
@@ -175,6 +185,7 @@ class Payoff {
   int64_t hold_left_ = 0, hold_ = 0;
   uint32_t checks_ = 0;
   bool resumed_ = false;  // the choice held first came from an earlier run (resume)
+  bool held_first_ = false;  // hold_eager_first
   bool pairing_resumed_ = false;  // the first pairing went on from an earlier run's (resume_pairing)
   int pairs_resumed_ = 0;  // pairs of the current pairing an earlier run completed
   double coexec_s_ = 0, eager_s_ = 0;
