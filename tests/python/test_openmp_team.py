@@ -378,7 +378,13 @@ OPAQUE_THEN_EAGER = textwrap.dedent("""
             float(loss.detach())
             seen.append(graph_threads())
 
-    terra.run(train, 60)
+    # Co-executed first with the payoff check off: with it on, a graph whose backward runs Python
+    # is held eager from its first traced iteration (terra::Payoff::hold_eager_first). Then the
+    # check times both ways and holds eager execution.
+    terra.config(adaptive=False)
+    terra.run(train, 10)
+    terra.config(adaptive=True)
+    terra.run(train, 50)
     print(json.dumps({"seen": seen, "stats": terra.stats("train")}))
 """)
 
