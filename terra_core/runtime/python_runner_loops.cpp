@@ -512,8 +512,7 @@ void PythonRunner::pair_workers(bool clean, double seconds) {
 
 void PythonRunner::hold_eager_if_backward_runs_python() {
   terra::Payoff& p = graph_->payoff;
-  if (p.checks() != 0 || p.remembered() || p.held_first() || p.phase() != terra::Payoff::Phase::MeasureCoExec)
-    return;
+  if (p.checks() != 0 || p.remembered() || p.phase() != terra::Payoff::Phase::MeasureCoExec) return;
   for (uint32_t id : path_) {
     const OpTemplate& t = graph_->nodes[id].tmpl;
     if (t.kind == OpKind::Backward && t.runs_python) {

@@ -188,22 +188,24 @@ void Payoff::decide(bool eager, const Totals& t, double check_budget) {
   start(Phase::Hold);
 }
 
-void Payoff::hold_eager_first(int64_t hold) {
-  held_first_ = true;
-  measured_eager_ = true;  // the held iterations time eager execution as they run
-  hold_ = hold_left_ = std::clamp(hold, kFirstHold, kMaxHold);
-  choice_eager_ = true;
+void Payoff::hold_before_any_check(bool eager, int64_t hold) {
+  measured_eager_ = eager;  // a held eager choice times eager execution as it runs
+  hold_ = hold_left_ = hold;
+  choice_eager_ = eager;
   start(Phase::Hold);
+}
+
+void Payoff::hold_eager_first(int64_t hold) {
+  if (held_first_) return;  // once: its re-check decides from then on
+  held_first_ = true;
+  hold_before_any_check(true, std::clamp(hold, kFirstHold, kMaxHold));
 }
 
 void Payoff::resume(bool eager, double coexec_s, double eager_s, int64_t hold) {
   resumed_ = true;
-  measured_eager_ = eager;  // a held eager choice times eager execution as it runs
   coexec_s_ = coexec_s;
   eager_s_ = eager_s;
-  hold_ = hold_left_ = std::clamp(hold, kFirstHold, kResumedHold);
-  choice_eager_ = eager;
-  start(Phase::Hold);
+  hold_before_any_check(eager, std::clamp(hold, kFirstHold, kResumedHold));
 }
 
 }  // namespace terra

@@ -112,6 +112,10 @@ TEST(Payoff, AnEagerHoldBeforeAnyCheckTimesCoExecutionWhenItEnds) {
   EXPECT_FALSE(p.has_choice());  // no check made it
   EXPECT_EQ(d.run(100, 3.0, 1.0), 100);
   EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  EXPECT_FALSE(p.held_first());  // its re-check times co-execution now
+  p.hold_eager_first(100);       // once only: the re-check goes on
+  EXPECT_EQ(p.phase(), Payoff::Phase::MeasureCoExec);
+  EXPECT_FALSE(p.eager());
   // The re-check times co-execution against the eager iterations timed while held: the switch's
   // iteration, then kQuick clean ones show co-execution 3x slower.
   EXPECT_EQ(until_check(d, 3.0, 1.0), 1 + Payoff::kQuick);

@@ -110,11 +110,12 @@ class Payoff {
   // the backward on the program thread and moves the OpenMP team back and forth: 3-4x eager's time
   // per iteration on 2 cores, and a check's co-executed timing (at least five iterations) cost a
   // short program more than half again its eager time (corpus p28: 1.8-2.2x). Holds eager execution
-  // `hold` iterations (kPythonBackwardHold), then times co-execution as a re-check does.
+  // `hold` iterations (kPythonBackwardHold), then times co-execution as a re-check does. Once per
+  // graph: later calls do nothing.
   void hold_eager_first(int64_t hold);
   static constexpr int64_t kPythonBackwardHold = 512;
-  // The eager execution held is hold_eager_first's, before any check.
-  bool held_first() const { return held_first_ && checks_ == 0; }
+  // The eager execution held now is hold_eager_first's (before any check; not its re-check).
+  bool held_first() const { return held_first_ && checks_ == 0 && phase_ == Phase::Hold; }
   // Goes on with the pairing of an earlier run's check (runtime/payoff_memory.h) that its process
   // ended before it decided: the modes are timed in alternating blocks of the iterations of the
   // first loop recorded from here (the one whose ops the memory's key is), after the pairs that
@@ -174,6 +175,7 @@ class Payoff {
   static PairedTrial paired_modes(double margin);  // A co-executed, B eager, B taken beyond the margin
   bool clear_winner(double margin, double check_budget);  // decides early if one mode is clearly faster
   void decide(bool eager, const Totals& t, double check_budget);
+  void hold_before_any_check(bool eager, int64_t hold);  // resume's and hold_eager_first's hold
 
   std::unordered_map<uint64_t, Loop> loops_;
   PairedTrial pairing_;     // Phase::Pairing: A co-executed, B eager
