@@ -2,7 +2,11 @@
 under eager PyTorch, Terra with its payoff check, and Terra with co-execution forced, alternated in
 one process: whole-loop wall time, medians.
 
-    .venv/bin/python bench/python_backward.py [--hook] [--rounds 5] [--steps 60]
+    .venv/bin/python bench/python_backward.py [--hook] [--rounds 5] [--steps 60] [--fresh]
+
+`--fresh`: each mode in a fresh process of its own instead (eager in a process that never ran
+Terra), the three alternated per round; each process times one untimed and three timed runs and
+reports their median, and the table gives the median over rounds.
 
 Prints one JSON line: milliseconds per mode. Such a graph is held eager before any check
 (terra::Payoff::hold_eager_first); `forced` (adaptive=off) shows what co-executing it costs.
@@ -53,6 +57,8 @@ def main():
     ap.add_argument("--hook", action="store_true")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # a --fresh child: this mode alone
     a = ap.parse_args()
     torch.set_num_threads(2)
     terra.config(remember_payoff=False)
@@ -70,7 +76,19 @@ def main():
                 terra.sync()
             return (time.perf_counter() - t) * 1e3
 
-    modes = ("eager", "terra", "forced")
+    if a.fresh:
+        import subprocess
+        import sys
+        flags = ["--steps", str(a.steps)] + (["--hook"] if a.hook else [])
+        per = {m: [] for m in ("eager", "terra", "forced")}
+        for _ in range(a.rounds):
+            for m in per:
+                out = subprocess.run([sys.executable, __file__, "--only", m, "--rounds", "3", *flags],
+                                     capture_output=True, text=True, check=True).stdout
+                per[m].append(json.loads(out.strip().splitlines()[-1])[m])
+        print(json.dumps({m: round(statistics.median(v), 2) for m, v in per.items()}))
+        return
+    modes = (a.only,) if a.only else ("eager", "terra", "forced")
     for m in modes:
         timed(m)
     times = {m: [] for m in modes}
